@@ -1,0 +1,163 @@
+"""LLDS: the likelihood-preserving regulariser of Deng et al., arXiv 2512.04220 (v2 Sec. 5.5, Eqs. 4, 5, 6, 9, 10).
+
+GRPO in tool-use RL lowers the likelihood of *correct* responses too ("lazy likelihood displacement"); once that starts,
+it feeds on itself and training collapses. LLDS watches, per token of every response with advantage >= 0, how far the
+current policy has moved below the rollout policy,
+
+    Delta_{i,t,k} = log pi_old(y_{i,t,k} | .) - log pi_theta(y_{i,t,k} | .)      (> 0: the update made the token rarer)
+
+and, where a whole action (or response) has lost likelihood, pulls the tokens that lost it back up:
+
+    L_LLDS = norm( sum_{i in Y_pre} sum_t 1[sum_k Delta_{i,t,k} > 0] * sum_k w_{i,t,k} * max(0, Delta_{i,t,k}) )   Eq. 4/5
+    L_total = L_GRPO + lambda * L_LLDS                                                                             Eq. 6
+
+Y_pre = {i : A_i >= 0}: correct responses and every response of an all-equal group (A = 0). An *action* is a maximal
+run of model tokens between two tool observations, i.e. one contiguous run of 1s in `loss_mask` (so `loss_mask` must be 0
+on every observation token, PITFALLS P5/P6, or two turns merge into one action). The gate is detached: its gradient is
+exactly -lambda * grad(logp) on gated tokens with Delta > 0 and zero elsewhere (SPEC 3.6 item 9).
+
+Variants (`gate=`): "action" (LLDS-A, v2 default, Eq. 4), "response" (Eq. 10, the v1 method), "token" (Eq. 9, no gate).
+Normalisation (`norm=`): "code" (default; what produced the published numbers: sum over gated tokens divided by *all*
+unmasked response tokens of the batch, negative-advantage responses included; dp_actor.py) or "paper" (Eq. 4: per
+response, divide by that response's token count, then average over Y_pre).
+LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the code's
+and the paper's schedules (they differ, SPEC 3.6 item 8 / P8).
+
+Departures from the official code:
+  1. lambda is applied by the caller (train.py: loss = pg + lambda * llds), not inside the term; the code's answer
+     coefficient min(mask_weight, lambda) is lambda * beta, so `weight` holds beta.
+  2. "code" normalisation divides by the *mini-batch's* unmasked token count (`num_tokens`) when the caller passes it,
+     so micro-batching does not change the gradient (PITFALLS P14; the code uses each micro-batch's own count).
+
+Run `python llds.py` for a demo on toy tensors.
+"""
+
+import torch
+
+
+def action_segments(keep: torch.Tensor) -> torch.Tensor:
+    """Number the maximal runs of 1s in each row: keep [B, T] (0/1) -> seg [B, T] long, 0 outside runs, 1..K inside.
+
+    Source: the code's `chunk_sums_vectorized` (dp_actor.py), in vectorised form. A run starts where keep is 1 and the
+    previous position is 0 (or the row starts), so every masked observation token ends the action before it.
+    """
+    on = keep.bool()  # [B, T]
+    prev = torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)  # [B, T] keep shifted right by one
+    starts = on & ~prev  # [B, T] first token of each action
+    return starts.long().cumsum(-1) * on.long()  # [B, T]
+
+
+def _gate_action(delta, keep):
+    seg = action_segments(keep)  # [B, T]
+    sums = torch.zeros(keep.shape[0], keep.shape[1] + 1, dtype=delta.dtype, device=delta.device)  # [B, T+1] slot 0 unused
+    sums.scatter_add_(1, seg, delta * keep)  # signed sum of Delta per action
+    gate = (sums > 0).to(delta.dtype).gather(1, seg) * keep  # [B, T] broadcast back to the action's tokens
+    n_units = seg.max(-1).values.sum()  # actions in the preserving set (segments are numbered 1..K per row)
+    n_on = (sums[:, 1:] > 0).sum()  # unused slots hold exactly 0, so they never count
+    return gate, n_on, n_units
+
+
+def _gate_response(delta, keep):
+    on = (delta * keep).sum(-1, keepdim=True) > 0  # [B, 1] signed sum over the response (fixed in commit 6453f61)
+    has = keep.sum(-1, keepdim=True) > 0  # [B, 1] response is in Y_pre and has tokens
+    return on.to(delta.dtype) * keep, (on & has).sum(), has.sum()
+
+
+def _gate_token(delta, keep):
+    return keep, ((delta > 0).to(delta.dtype) * keep).sum(), keep.sum()  # no gate; "rate" = tokens that lost likelihood
+
+
+GATES = {"action": _gate_action, "response": _gate_response, "token": _gate_token}
+
+
+def llds_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    gate: str = "action",
+    norm: str = "code",
+    weight: torch.Tensor | None = None,
+    num_tokens=None,
+    num_pre=None,
+):
+    """The LLDS term (without lambda) for one (micro-)batch; returns (loss, metrics).
+
+    logp [B, T] (current policy, with grad), old_logp [B, T] (rollout policy; detached here), adv [B] or [B, T],
+    loss_mask [B, T] float (1 = model token). weight [B, T] or None: LLDS-MA per-token weight (beta on the answer span,
+    1 elsewhere). num_tokens: the denominator of "code" normalisation (default: this batch's loss_mask.sum(); pass the
+    mini-batch's count when micro-batching). num_pre: the number of Y_pre responses for "paper" normalisation (default:
+    those in this batch). Source: v2 Eqs. 4/9/10 and dp_actor.py update_policy (SPEC 3.6).
+    metrics (floats, "llds/"): penalty (this value), gate_rate (gated units / units in Y_pre, a unit being an action,
+    a response, or a token with Delta > 0 for the token variant), delta_mean (mean Delta over Y_pre tokens; > 0 means the
+    kept responses lost likelihood), frac_tokens (share of Y_pre tokens that are penalised).
+    Raises ValueError on unknown gate / norm or shape mismatch.
+    """
+    if gate not in GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; choose one of {sorted(GATES)}")
+    if norm not in ("code", "paper"):
+        raise ValueError(f"unknown LLDS normalisation {norm!r}; choose 'code' or 'paper'")
+    if logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
+        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
+                         f"{tuple(loss_mask.shape)} must all be [B, T]")
+    mask = loss_mask.float()
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    delta = old_logp.detach() - logp  # [B, T] SPEC 3.1: old minus current (the LLD diagnostic uses the other sign)
+    keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only
+    g, n_on, n_units = GATES[gate](delta.detach(), keep)  # [B, T] gate, detached: it routes, it is not trained
+    w = 1.0 if weight is None else weight
+    pen = g * delta.clamp(min=0) * w  # [B, T] max(0, Delta) on gated tokens only
+
+    if norm == "code":
+        denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
+        loss = (pen * mask).sum() / denom  # all unmasked tokens, A < 0 responses included (dp_actor.py)
+    else:
+        per_resp = (pen * mask).sum(-1) / keep.sum(-1).clamp(min=1)  # [B] Eq. 4: 1 / sum_t |y_{i,t}|
+        in_pre = keep.sum(-1) > 0  # [B]
+        denom = in_pre.sum().clamp(min=1) if num_pre is None else num_pre
+        loss = per_resp.sum() / denom  # 1 / |Y_pre|
+
+    n_keep = keep.sum().clamp(min=1).item()
+    metrics = {
+        "llds/penalty": loss.item(),
+        "llds/gate_rate": n_on.item() / max(n_units.item(), 1),
+        "llds/delta_mean": (delta.detach() * keep).sum().item() / n_keep,
+        "llds/frac_tokens": ((pen.detach() > 0).float() * keep).sum().item() / n_keep,
+    }
+    return loss, metrics
+
+
+def ma_beta(mean_valid_searches: float, schedule: str = "code", v_b: float = 2.0) -> float:
+    """LLDS-MA answer-span weight beta from the batch-mean number of valid searches per trajectory V.
+
+    "code" (MASK_ADAPTIVE=true in the official scripts, what produced the 3B-Base LLDS-MA row): beta = clip(V - 1, 0, 1).
+    "paper" (v2 App. B.2.1): beta = min(V / V_B, 1) with V_B = 2. At V = 1 they give 0 and 0.5; both reach 1 at V = 2.
+    Raises ValueError on an unknown schedule.
+    """
+    if schedule == "code":
+        return float(min(max(mean_valid_searches - 1.0, 0.0), 1.0))
+    if schedule == "paper":
+        return float(min(mean_valid_searches / v_b, 1.0))
+    raise ValueError(f"unknown MA schedule {schedule!r}; choose 'code' or 'paper'")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    # One response with A >= 0: action 1 (3 tokens) | observation (2 masked tokens) | action 2 (3 tokens)
+    mask = torch.tensor([[1.0, 1, 1, 0, 0, 1, 1, 1]])
+    old_logp = torch.zeros(1, 8)
+    logp = torch.tensor([[-0.5, 0.2, 0.1, 9, 9, 0.3, -0.1, 0.1]], requires_grad=True)
+    # Delta = old - new = [0.5, -0.2, -0.1 | . . | -0.3, 0.1, -0.1]; action sums: +0.2 (gate on), -0.3 (gate off)
+    for gate in ("action", "response", "token"):
+        loss, m = llds_loss(logp, old_logp, torch.tensor([1.0]), mask, gate=gate)
+        print(f"{gate:8s} loss {loss.item():.4f} gate_rate {m['llds/gate_rate']:.2f}")
+    # action   loss 0.0833 gate_rate 0.50   (only token 1 of action 1: 0.5 / 6 unmasked tokens)
+    # response loss 0.0000 gate_rate 0.00   (response sum -0.1 <= 0: gate off)
+    # token    loss 0.1000 gate_rate 0.33   (tokens 1 and 7: (0.5 + 0.1) / 6; 2 of 6 tokens have Delta > 0)
+    loss, _ = llds_loss(logp, old_logp, torch.tensor([1.0]), mask, gate="action")
+    loss.backward()
+    print("grad", logp.grad)  # [[-0.1667, 0, 0, 0, 0, 0, 0, 0]]: -1/6 on the one gated token with Delta > 0
+    print("on-policy", llds_loss(old_logp, old_logp, torch.tensor([1.0]), mask)[0].item())  # 0.0
+    print("beta at V=1: code", ma_beta(1.0), "paper", ma_beta(1.0, "paper"))  # code 0.0 paper 0.5
