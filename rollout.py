@@ -1,0 +1,329 @@
+"""Multi-turn search rollouts (Search-R1 protocol) and the exact-match reward.
+
+Source: Search-R1 `search_r1/llm_agent/generation.py` (run_llm_loop), `verl/utils/reward_score/qa_em.py` and
+`scripts/data_process/qa_search_train_merge.py` (prompt), as the LLDS paper (arXiv 2512.04220, v2 Sec. 3 and App. B.2.1)
+trains with them; SPEC part B. A trajectory is (y_0, o_0, y_1, o_1, ..., y_T): model actions y_t and tool observations
+o_t. The model writes <think>...</think>, then <search> query </search> (we append "\n\n<information>top-k
+docs</information>\n\n") or <answer> ... </answer> (the trajectory ends). Anything else gets the invalid-action message.
+After `max_turns` such turns, one last generation runs with no search executed.
+
+Every row of a batch is one trajectory; the G trajectories of a prompt are contiguous and share `group_id`, a per-batch
+prompt number (never a dataset row index, PITFALLS P4). Letters: B = prompts x G rows, T = response tokens.
+
+Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
+  1. The trained ids are the sampled ids (P7): a turn is cut after its first </search> or </answer> *by token index*;
+     Search-R1 decodes, cuts the text and re-tokenizes, which changes the ids (" Pantom" has two tokenizations).
+  2. loss_mask is built while concatenating (P6): 1 on sampled tokens, 0 on every observation token, tags included (P5).
+  3. A turn that ends on EOS keeps the EOS token, with loss_mask 1, and lengths are tracked by position, never by
+     `ids != pad` (P9, P10: Qwen's pad and EOS can be the same id).
+  4. Observations are truncated on the *document text*, then wrapped, so </information> always survives (P12).
+  5. The reward reads the response only (model + observation tokens), last <answer> wins (P1); Search-R1 scores
+     prompt + response and needs >= 2 matches because the prompt holds the example <answer> Beijing </answer>.
+  6. Logits of ids the tokenizer does not have (Qwen2.5: lm_head 151,936 > 151,665 tokens) are masked (P16).
+  7. Generation stops at the first of </search> or </answer> (stop strings); Search-R1 generates 500 tokens and then
+     prefers </search> over an earlier </answer>. Kept tokens are identical whenever only one tag appears.
+  8. Sampling ignores the checkpoint's generation_config (Qwen ships top_k=20, repetition_penalty=1.05): only
+     temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
+
+Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
+`python rollout.py --model <folder or hub id> --corpus ../shared/data/corpus.jsonl` rolls out two real questions.
+"""
+
+import re
+import string
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig
+
+PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. You can search as "
+    "many times as your want. If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+OBS_HEAD, OBS_TAIL = "\n\n<information>", "</information>\n\n"
+STOP_STRINGS = ("</search>", "</answer>")
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reward: exact match (qa_em.py)
+
+
+def normalize_answer(s: str) -> str:
+    """Search-R1 / SQuAD normalisation, in its exact order: lower, drop ASCII punctuation, drop a/an/the, squash spaces."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def em_check(prediction: str | None, golden_answers) -> float:
+    """1.0 if the normalised prediction equals the normalised form of any gold alias, else 0.0 (qa_em.em_check).
+
+    golden_answers: a str or a list of str. Guard (PITFALLS P20): a gold that normalises to "" (e.g. "The") would match
+    an empty or article-only prediction; such golds are compared on their lower-cased, whitespace-squashed text instead.
+    """
+    if prediction is None:
+        return 0.0
+    golds = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
+    pred = normalize_answer(prediction)
+    for gold in golds:
+        g = normalize_answer(gold)
+        if g == "":  # P20 guard
+            if " ".join(prediction.lower().split()) == " ".join(gold.lower().split()) != "":
+                return 1.0
+        elif pred == g:
+            return 1.0
+    return 0.0
+
+
+def extract_answer(response_text: str) -> str | None:
+    """The last <answer>...</answer> of the *response* (model and observation text), stripped; None if there is none.
+
+    Departure 5 (P1): Search-R1 searches prompt + response and returns None unless there are >= 2 matches.
+    """
+    matches = ANSWER_RE.findall(response_text)
+    return matches[-1].strip() if matches else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Prompt and observations
+
+
+def make_prompt(question: str, tokenizer) -> str:
+    """Search-R1's instruction for one question (a '?' is appended if missing), wrapped in the chat template if the
+    tokenizer has one (add_generation_prompt=True), else the raw text. Raises ValueError on an empty question."""
+    q = question.strip()
+    if not q:
+        raise ValueError("empty question")
+    if not q.endswith("?"):
+        q += "?"
+    text = PROMPT.format(question=q)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
+    """Token ids of "\\n\\n<information>{docs}</information>\\n\\n", at most max_obs_tokens long.
+
+    The document text is cut to fit *inside* the tags (departure 4, P12), so the block is always closed.
+    Raises ValueError if the budget cannot even hold the two tags.
+    """
+    head = tokenizer.encode(OBS_HEAD, add_special_tokens=False)
+    tail = tokenizer.encode(OBS_TAIL, add_special_tokens=False)
+    budget = max_obs_tokens - len(head) - len(tail)
+    if budget < 0:
+        raise ValueError(f"max_obs_tokens={max_obs_tokens} cannot hold the <information> tags ({len(head) + len(tail)})")
+    body = tokenizer.encode(docs.strip(), add_special_tokens=False)[:budget]
+    return head + body + tail
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Cutting a turn by token index
+
+
+def _first_prefix(ids: list[int], tokenizer, ok) -> int:
+    """Smallest k in [1, len(ids)] with ok(decode(ids[:k])) true (ok must be monotone in k); len(ids) if none."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(tokenizer.decode(ids[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bool]:
+    """Keep the sampled ids up to and including the first EOS or the token that completes a stop string.
+
+    Returns (kept ids, ended_on_eos). Never re-encodes text (P7); the EOS stays in (P9).
+    """
+    ended_on_eos = False
+    for k, t in enumerate(new_ids):
+        if t in eos_ids:
+            new_ids, ended_on_eos = new_ids[: k + 1], True
+            break
+    has_stop = lambda text: any(s in text for s in STOP_STRINGS)  # noqa: E731
+    if new_ids and has_stop(tokenizer.decode(new_ids)):
+        new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
+    return new_ids, ended_on_eos
+
+
+def answer_span(action_ids: list[int], tokenizer) -> list[int]:
+    """0/1 per token of one action: 1 on the tokens of its last <answer>...</answer> (tags included), for LLDS-MA."""
+    text = tokenizer.decode(action_ids)
+    spans = list(ANSWER_RE.finditer(text))
+    if not spans:
+        return [0] * len(action_ids)
+    start = spans[-1].start()
+    first = _first_prefix(action_ids, tokenizer, lambda t: len(t) > start) - 1  # token holding the '<' of <answer>
+    end = _first_prefix(action_ids, tokenizer, lambda t: len(t) >= spans[-1].end())  # tokens up to </answer>
+    return [1 if first <= k < end else 0 for k in range(len(action_ids))]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The rollout
+
+
+@dataclass
+class Episode:
+    """One trajectory. response_ids = y_0 o_0 y_1 o_1 ... y_T exactly as sampled/appended; loss_mask aligned with it."""
+
+    question: str
+    golden_answers: list
+    data_source: str
+    group_id: int  # the prompt's position in this batch: trajectories with the same id form one GRPO group
+    prompt_ids: list
+    response_ids: list = field(default_factory=list)
+    loss_mask: list = field(default_factory=list)  # 1 = sampled by the policy, 0 = observation
+    answer_mask: list = field(default_factory=list)  # 1 on the final <answer>...</answer> tokens (LLDS-MA)
+    text: str = ""  # decoded response (logging and reward)
+    answer: str | None = None
+    reward: float = 0.0
+    num_searches: int = 0  # searches executed
+    num_turns: int = 0  # generation calls
+    num_valid_actions: int = 0
+    ended_on_eos: bool = False
+    done: bool = False
+
+
+def _generate(model, tokenizer, contexts, gen_cfg, logits_processor):
+    """One batched, KV-cached generate over left-padded contexts; returns the new ids per row (unpadded later)."""
+    pad = tokenizer.pad_token_id
+    width = max(len(c) for c in contexts)
+    input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])  # [N, L] left-padded
+    attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])  # [N, L] by position
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=gen_cfg,
+            tokenizer=tokenizer,
+            logits_processor=logits_processor,
+        )
+    return out[:, width:].tolist()  # [N, new]
+
+
+def rollout(
+    model,
+    tokenizer,
+    rows: list[dict],
+    retriever,
+    *,
+    group_size: int = 5,
+    max_turns: int = 3,
+    max_new_tokens: int = 500,
+    max_obs_tokens: int = 500,
+    topk: int = 3,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    do_sample: bool = True,
+    logits_processor=None,
+) -> list[Episode]:
+    """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
+
+    rows: dicts with "question", "golden_answers" (list of str) and optional "data_source". retriever: a callable
+    (queries: list[str], topk: int) -> list[str] of formatted passages (retriever.BM25Retriever or the HTTP client).
+    max_turns: search-enabled generations before the final answer-only one (LLDS trains with 3, Search-R1 with 4).
+    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95);
+    do_sample=False is greedy (evaluation). logits_processor: extra processors (tests script the policy with one).
+    Model tokens get loss_mask 1; observation tokens 0. Raises ValueError on a row without question/golden_answers.
+    """
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
+    eos_ids.add(tokenizer.eos_token_id)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
+        top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
+        eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id, stop_strings=list(STOP_STRINGS),
+        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # departure 6 (P16)
+    )
+    episodes = []
+    for i, row in enumerate(rows):
+        if "question" not in row or "golden_answers" not in row:
+            raise ValueError(f"question row {i} needs 'question' and 'golden_answers'; has {sorted(row)}")
+        prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer), add_special_tokens=False)
+        for _ in range(group_size):  # contiguous groups (P3)
+            episodes.append(Episode(row["question"], list(row["golden_answers"]), row.get("data_source", "unknown"),
+                                    group_id=i, prompt_ids=prompt_ids))
+
+    for turn in range(max_turns + 1):
+        active = [e for e in episodes if not e.done]
+        if not active:
+            break
+        final = turn == max_turns  # the answer-only turn: searches are not executed
+        outs = _generate(model, tokenizer, [e.prompt_ids + e.response_ids for e in active], gen_cfg, logits_processor)
+        queries = []
+        for e, new in zip(active, outs):
+            ids, e.ended_on_eos = cut_turn(new, tokenizer, eos_ids)
+            e.response_ids += ids
+            e.loss_mask += [1] * len(ids)
+            e.answer_mask += answer_span(ids, tokenizer)
+            e.num_turns += 1
+            match = ACTION_RE.search(tokenizer.decode(ids))
+            action = match.group(1) if match else None
+            e.num_valid_actions += action is not None
+            if action == "answer" or final:
+                e.done = True
+            elif action == "search":
+                queries.append((e, match.group(2).strip()))
+            else:
+                obs = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
+                e.response_ids += obs
+                e.loss_mask += [0] * len(obs)
+                e.answer_mask += [0] * len(obs)
+        if queries:
+            docs = retriever([q for _, q in queries], topk)  # one batched search per turn
+            for (e, _), d in zip(queries, docs):
+                obs = observation_ids(d, tokenizer, max_obs_tokens)
+                e.response_ids += obs
+                e.loss_mask += [0] * len(obs)
+                e.answer_mask += [0] * len(obs)
+                e.num_searches += 1
+
+    for e in episodes:
+        e.text = tokenizer.decode(e.response_ids)
+        e.answer = extract_answer(e.text)
+        e.reward = em_check(e.answer, e.golden_answers)
+    return episodes
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Search-R1 rollout demo")
+    ap.add_argument("--model", help="model folder or hub id; without it, only the model-free parts are shown")
+    ap.add_argument("--corpus", help="corpus jsonl for --model runs (default: retriever.py's 5-document toy corpus)")
+    args = ap.parse_args()
+    print(normalize_answer("The  Eiffel-Tower!"))  # eiffeltower  (ASCII punctuation is deleted, not spaced)
+    print(em_check("the Eiffel Tower", ["Eiffel Tower", "La tour Eiffel"]))  # 1.0
+    print(extract_answer("<think>..</think><answer> Paris </answer> then <answer> Lyon </answer>"))  # Lyon
+    print(repr(INVALID_ACTION[:30]))  # '\nMy previous action is invalid.'
+
+    from retriever import DEMO_CORPUS, BM25Retriever
+
+    retriever = BM25Retriever.from_jsonl(args.corpus) if args.corpus else BM25Retriever(DEMO_CORPUS)
+    print(OBS_HEAD + retriever(["Eiffel Tower Paris"], 1)[0].strip() + OBS_TAIL)  # \n\n<information>Doc 1(Title: ...
+    if args.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+        rows = [{"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"]}]
+        for ep in rollout(model, tok, rows, retriever, group_size=2, max_turns=2, max_new_tokens=64, max_obs_tokens=200):
+            print(f"--- reward {ep.reward} searches {ep.num_searches} model tokens {sum(ep.loss_mask)}/"
+                  f"{len(ep.loss_mask)}\n{ep.text}")
