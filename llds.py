@@ -107,7 +107,8 @@ def llds_loss(
     keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only
     g, n_on, n_units = GATES[gate](delta.detach(), keep)  # [B, T] gate, detached: it routes, it is not trained
     w = 1.0 if weight is None else weight
-    pen = g * delta.clamp(min=0) * w  # [B, T] max(0, Delta) on gated tokens only
+    pen = g * torch.relu(delta) * w  # [B, T] max(0, Delta) on gated tokens only; relu, not clamp(min=0): clamp passes
+    # the gradient at Delta == 0 exactly (on-policy), so the ungated token variant would pull up every Y_pre token
 
     if norm == "code":
         denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens

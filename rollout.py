@@ -17,8 +17,10 @@ Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
   3. A turn that ends on EOS keeps the EOS token, with loss_mask 1, and lengths are tracked by position, never by
      `ids != pad` (P9, P10: Qwen's pad and EOS can be the same id).
   4. Observations are truncated on the *document text*, then wrapped, so </information> always survives (P12).
-  5. The reward reads the response only (model + observation tokens), last <answer> wins (P1); Search-R1 scores
-     prompt + response and needs >= 2 matches because the prompt holds the example <answer> Beijing </answer>.
+  5. The reward reads the model's own actions only, last <answer> wins (P1); Search-R1 scores prompt + response and
+     needs >= 2 matches, but its prompt already holds two ("<answer> and </answer>" and "<answer> Beijing </answer>"),
+     so a trajectory that never answers is scored as "Beijing". Observations are not read either: the invalid-action
+     message contains "<answer> and </answer>" too.
   6. Logits of ids the tokenizer does not have (Qwen2.5: lm_head 151,936 > 151,665 tokens) are masked (P16).
   7. Generation stops at the first of </search> or </answer> (stop strings); Search-R1 generates 500 tokens and then
      prefers </search> over an earlier </answer>. Kept tokens are identical whenever only one tag appears.
@@ -29,6 +31,7 @@ Run `python rollout.py` for a demo of the prompt, reward and observation format 
 `python rollout.py --model <folder or hub id> --corpus ../shared/data/corpus.jsonl` rolls out two real questions.
 """
 
+import json
 import re
 import string
 from dataclasses import dataclass, field
@@ -86,12 +89,72 @@ def em_check(prediction: str | None, golden_answers) -> float:
 
 
 def extract_answer(response_text: str) -> str | None:
-    """The last <answer>...</answer> of the *response* (model and observation text), stripped; None if there is none.
+    """The last <answer>...</answer> of a response text (rollout passes one model action), stripped; None if none.
 
     Departure 5 (P1): Search-R1 searches prompt + response and returns None unless there are >= 2 matches.
     """
     matches = ANSWER_RE.findall(response_text)
     return matches[-1].strip() if matches else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Questions (FlashRAG format: question, golden_answers, data_source)
+
+
+def _check_row(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    golds = row.get("golden_answers")
+    if golds is None and isinstance(row.get("reward_model"), dict):  # Search-R1's verl parquet rows
+        golds = row["reward_model"].get("ground_truth", {}).get("target")
+    if not isinstance(row.get("question"), str) or not row["question"].strip():
+        raise ValueError(f"{where}: missing or empty field 'question'")
+    if isinstance(golds, str):
+        golds = [golds]
+    if golds is None or len(golds) == 0 or not all(isinstance(g, str) for g in golds):
+        raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings, got {golds!r}")
+    return {"question": row["question"], "golden_answers": list(golds), "data_source": row.get("data_source")}
+
+
+def load_questions(source: str, split: str = "train") -> list[dict]:
+    """Question rows {"question", "golden_answers", "data_source"} from a local .jsonl / .parquet file or the hub.
+
+    source: a file path, or a hub dataset id with an optional config after a colon (e.g.
+    "RUC-NLPIR/FlashRAG_datasets:hotpotqa", "PeterJinGo/nq_hotpotqa_train"), loaded with `datasets` (users with
+    internet). A missing data_source defaults to the file stem / config name. Raises FileNotFoundError for a missing
+    file and ValueError naming the file, line and field for a bad row or an empty file.
+    """
+    from pathlib import Path
+
+    path = Path(source).expanduser()
+    if path.suffix in (".jsonl", ".json", ".parquet") or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"question file not found: {source}")
+        if path.suffix == ".parquet":
+            import datasets
+
+            raw = [(f"{source}: row {i}", r) for i, r in enumerate(datasets.load_dataset("parquet", data_files=str(path), split="train"))]
+        else:
+            raw = []
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if line.strip():
+                    try:
+                        raw.append((f"{source}:{n}", json.loads(line)))
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{source}:{n}: not valid JSON: {err.msg}") from None
+        default_source = path.stem.split("_")[0]
+    else:
+        import datasets
+
+        name, _, config = source.partition(":")
+        raw = [(f"{source} [{split}] row {i}", r) for i, r in enumerate(datasets.load_dataset(name, config or None, split=split))]
+        default_source = config or name.split("/")[-1]
+    rows = [_check_row(r, where) for where, r in raw]
+    if not rows:
+        raise ValueError(f"{source}: no questions (empty file or split)")
+    for r in rows:
+        r["data_source"] = r["data_source"] or default_source
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -197,8 +260,11 @@ class Episode:
     done: bool = False
 
 
-def _generate(model, tokenizer, contexts, gen_cfg, logits_processor):
-    """One batched, KV-cached generate over left-padded contexts; returns the new ids per row (unpadded later)."""
+def _generate(model, tokenizer, contexts, gen_cfg, logits_processor, batch_size):
+    """Batched, KV-cached generate over left-padded contexts, `batch_size` rows per call; new ids per row."""
+    if len(contexts) > batch_size:
+        return [ids for i in range(0, len(contexts), batch_size)
+                for ids in _generate(model, tokenizer, contexts[i:i + batch_size], gen_cfg, logits_processor, batch_size)]
     pad = tokenizer.pad_token_id
     width = max(len(c) for c in contexts)
     input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])  # [N, L] left-padded
@@ -229,6 +295,7 @@ def rollout(
     temperature: float = 1.0,
     top_p: float = 0.95,
     do_sample: bool = True,
+    gen_batch_size: int = 64,
     logits_processor=None,
 ) -> list[Episode]:
     """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
@@ -237,7 +304,7 @@ def rollout(
     (queries: list[str], topk: int) -> list[str] of formatted passages (retriever.BM25Retriever or the HTTP client).
     max_turns: search-enabled generations before the final answer-only one (LLDS trains with 3, Search-R1 with 4).
     max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95);
-    do_sample=False is greedy (evaluation). logits_processor: extra processors (tests script the policy with one).
+    do_sample=False is greedy (evaluation). gen_batch_size: rows per generate call (memory). logits_processor: extra processors (tests script the policy with one).
     Model tokens get loss_mask 1; observation tokens 0. Raises ValueError on a row without question/golden_answers.
     """
     eos_ids = model.generation_config.eos_token_id
@@ -264,7 +331,8 @@ def rollout(
         if not active:
             break
         final = turn == max_turns  # the answer-only turn: searches are not executed
-        outs = _generate(model, tokenizer, [e.prompt_ids + e.response_ids for e in active], gen_cfg, logits_processor)
+        outs = _generate(model, tokenizer, [e.prompt_ids + e.response_ids for e in active], gen_cfg, logits_processor,
+                         gen_batch_size)
         queries = []
         for e, new in zip(active, outs):
             ids, e.ended_on_eos = cut_turn(new, tokenizer, eos_ids)
@@ -272,7 +340,9 @@ def rollout(
             e.loss_mask += [1] * len(ids)
             e.answer_mask += answer_span(ids, tokenizer)
             e.num_turns += 1
-            match = ACTION_RE.search(tokenizer.decode(ids))
+            action_text = tokenizer.decode(ids)
+            match = ACTION_RE.search(action_text)
+            e.answer = extract_answer(action_text)  # departure 5: only the ending action can hold a full <answer>
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None
             if action == "answer" or final:
@@ -295,7 +365,6 @@ def rollout(
 
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)
-        e.answer = extract_answer(e.text)
         e.reward = em_check(e.answer, e.golden_answers)
     return episodes
 

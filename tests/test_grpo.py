@@ -1,0 +1,350 @@
+"""Loss-correctness tests for grpo.py: advantages, clipped surrogate, KL estimators, entropy bonus, aggregation.
+
+STYLE R11 kinds: (1) hand-computed small tensors with the derivation in a comment, (2) reduction identities checked with
+torch.autograd.grad + assert_close, (3) vectorised vs loop / split vs whole. Test names carry the PITFALLS row they pin.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.testing import assert_close  # noqa: E402
+
+from grpo import aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3, logp_from_logits  # noqa: E402
+
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def _grad(loss, x):
+    (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Advantages
+
+
+def test_p13_advantages_hand_computed_unbiased_std():
+    # group "a" = [1, 0, 0]: mean 1/3, unbiased var = ((2/3)^2 + 2 (1/3)^2) / (3 - 1) = 1/3, std = sqrt(1/3) = 0.57735
+    #   A = (2/3) / (0.57735 + 1e-6) = 1.15470, (-1/3) / (0.57735 + 1e-6) = -0.57735
+    #   (the biased N-estimator would give std sqrt(2/9) = 0.4714 and A = 1.4142, -0.7071: a different answer)
+    # group "b" = [0.5, 1.0]: mean 0.75, unbiased std = sqrt(2 * 0.25^2 / 1) = 0.353553, A = -+0.25 / (0.353553 + 1e-6)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.5, 1.0]), ["a", "a", "a", "b", "b"])
+    sa, sb = math.sqrt(1 / 3), math.sqrt(2 * 0.25**2)
+    expected = torch.tensor([(2 / 3) / (sa + 1e-6), (-1 / 3) / (sa + 1e-6), (-1 / 3) / (sa + 1e-6),
+                             -0.25 / (sb + 1e-6), 0.25 / (sb + 1e-6)])
+    assert_close(adv, expected, rtol=1e-6, atol=1e-6)
+    # scale=False (Dr. GRPO): r - mean only
+    adv_ns = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.5, 1.0]), ["a", "a", "a", "b", "b"], scale=False)
+    assert_close(adv_ns, torch.tensor([2 / 3, -1 / 3, -1 / 3, -0.25, 0.25]))
+
+
+def test_p13_group_of_one_uses_mean0_std1():
+    # G = 1: torch.std of one element is NaN; veRL uses mean 0, std 1, so A = r / (1 + 1e-6) (the raw reward)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.7, 1.0, 0.0]), ["s1", "s2", "s3", "g", "g"])
+    assert torch.isfinite(adv).all()
+    assert_close(adv[:3], torch.tensor([1.0, 0.0, 0.7]) / (1.0 + 1e-6), rtol=0, atol=1e-7)
+    # the G = 2 group [1, 0]: mean 0.5, unbiased std sqrt(2 * 0.5^2 / 1) = 0.70711 -> A = +-0.5 / (0.70711 + 1e-6)
+    assert_close(adv[3:], torch.tensor([0.5, -0.5]) / (math.sqrt(0.5) + 1e-6), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "rewards", [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.1, 0.1, 0.1], [0.3, 0.3], [0.9, 0.9, 0.9], [0.1] * 7]
+)
+def test_p13_all_equal_group_is_exactly_zero(rewards):
+    # non-binary equal rewards: the float32 mean need not equal the value. mean([0.9] * 3) - 0.9 = 5.96e-8 and the
+    # unbiased std is 7.3e-8, so (r - mean) / (std + 1e-6) = 0.0555 without the guard (measured, torch 2.13 CPU);
+    # [0.1] * 7 gives -0.0074. The advantage must be *exactly* 0 (grpo.py departure 3).
+    adv = group_advantages(torch.tensor(rewards + [1.0, 0.0]), ["q"] * len(rewards) + ["o", "o"])
+    assert (adv[: len(rewards)] == 0).all(), adv
+
+
+def test_p2_p3_groups_keyed_by_id_not_position():
+    # interleaved layout [p0, p1, p0, p1, p0, p1] (prompts repeated as [p0, p1] * 3): ids name the prompt, not a window
+    ids = ["p0", "p1", "p0", "p1", "p0", "p1"]
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])  # p0 gets [1, 0, 1], p1 gets [0, 0, 1]
+    adv = group_advantages(r, ids)
+    # same rewards laid out contiguously [p0, p0, p0, p1, p1, p1] must give the same per-trajectory advantages
+    perm = [0, 2, 4, 1, 3, 5]
+    adv_contig = group_advantages(r[perm], [ids[i] for i in perm])
+    assert_close(adv[perm], adv_contig)
+    # P3: advantages sum to 0 within every group, and each group has G = 3 members (P2: not size-1 groups)
+    for g in ("p0", "p1"):
+        idx = [i for i, x in enumerate(ids) if x == g]
+        assert len(idx) == 3
+        assert abs(adv[idx].sum().item()) < 1e-6
+        assert adv[idx].abs().max().item() > 0.5  # mixed group: real signal, not a degenerate 0
+    # hand value: p0 rewards [1, 0, 1]: mean 2/3, unbiased std sqrt((2 (1/3)^2 + (2/3)^2) / 2) = sqrt(1/3)
+    #   -> [0.57735, -1.1547, 0.57735]; p1 rewards [0, 0, 1] -> [-0.57735, -0.57735, 1.1547]
+    s = math.sqrt(1 / 3) + 1e-6
+    assert_close(adv[[0, 2, 4]], torch.tensor([1 / 3, -2 / 3, 1 / 3]) / s)
+    assert_close(adv[[1, 3, 5]], torch.tensor([-1 / 3, -1 / 3, 2 / 3]) / s)
+    # contiguous windows of 3 over the interleaved layout (prime-rl's bug) mix prompts: windows [1, 0, 0] and [0, 1, 1]
+    # give other numbers
+    adv_window = group_advantages(r, ["w0", "w0", "w0", "w1", "w1", "w1"])
+    assert not torch.allclose(adv_window, adv, atol=1e-3)
+
+
+def test_p4_same_dataset_index_different_prompt_never_pools():
+    # NQ row 0 and HotpotQA row 0 both have extra_info.index == 0. G = 2 each.
+    # nq#0 rewards [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / 0.70711 = +-0.7071
+    # hotpotqa#0 rewards [1, 1] -> exactly 0
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    prompt_ids = ["nq#0", "nq#0", "hotpotqa#0", "hotpotqa#0"]
+    dataset_index = [0, 0, 0, 0]
+    adv = group_advantages(r, prompt_ids)
+    s = math.sqrt(0.5) + 1e-6
+    assert_close(adv, torch.tensor([0.5 / s, -0.5 / s, 0.0, 0.0]))
+    assert (adv[2:] == 0).all()
+    # keyed by dataset index (Search-R1's uid): one pooled group [1, 0, 1, 1], mean 0.75, unbiased std
+    # sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5 -> [0.5, -1.5, 0.5, 0.5]: the all-correct HotpotQA group gets a fake +0.5
+    pooled = group_advantages(r, dataset_index)
+    assert_close(pooled, torch.tensor([0.5, -1.5, 0.5, 0.5]) * 0.5 / (0.5 + 1e-6))
+    assert not torch.allclose(pooled, adv, atol=1e-3)
+
+
+def test_advantages_length_mismatch_raises():
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([1.0, 0.0, 1.0]), ["a", "a"])
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([[1.0, 0.0]]), ["a", "a"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Clipped surrogate
+
+
+def test_clipped_surrogate_hand_computed_2x4():
+    # eps = 0.2, old_logp = log 0.5, logp = old + log(ratio). N = 7 unmasked tokens (row 1 token 3 is masked).
+    # row 0, A = +1: ratio 1.5 -> max(-1.5, -1.2) = -1.2 clipped (grad 0)
+    #                ratio 1.1 -> -1.1 inside (grad d(-A r)/dlogp = -1.1)
+    #                ratio 0.5 -> max(-0.5, -0.8) = -0.5 unclipped, below 1-eps but pessimistic keeps it (grad -0.5)
+    #                ratio 1.0 -> -1.0 (grad -1.0)
+    # row 1, A = -1: ratio 1.5 -> max(1.5, 1.2) = 1.5 unclipped, above 1+eps (grad +1.5)
+    #                ratio 0.9 -> 0.9 inside (grad +0.9)
+    #                ratio 0.5 -> max(0.5, 0.8) = 0.8 clipped (grad 0)
+    #                ratio 2.0 -> masked (loss and grad 0)
+    # sum = -1.2 - 1.1 - 0.5 - 1.0 + 1.5 + 0.9 + 0.8 = -0.6 ; token-mean = -0.6 / 7
+    # clip_frac = tokens where the clipped branch is strictly larger = (r0,t0) and (r1,t2) = 2 / 7
+    ratio = torch.tensor([[1.5, 1.1, 0.5, 1.0], [1.5, 0.9, 0.5, 2.0]])
+    old = torch.full((2, 4), math.log(0.5))
+    logp = (old + ratio.log()).requires_grad_()
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])
+    loss, m = grpo_loss(logp, old, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0)
+    assert_close(loss, torch.tensor(-0.6 / 7))
+    assert_close(m["grpo/pg_loss"], -0.6 / 7)
+    assert_close(m["grpo/clip_frac"], 2 / 7)
+    expected_grad = torch.tensor([[0.0, -1.1, -0.5, -1.0], [1.5, 0.9, 0.0, 0.0]]) / 7
+    g = _grad(loss, logp)
+    assert_close(g, expected_grad)
+    assert g[0, 0] == 0 and g[1, 2] == 0 and g[1, 3] == 0  # clipped / masked tokens: exactly zero gradient
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# KL estimators
+
+
+def test_kl_estimators_hand_values():
+    # d = ref - logp = [1, -1, 0, 2]
+    # k1 = logp - ref = -d = [-1, 1, 0, -2]
+    # k2 = 0.5 (logp - ref)^2 = [0.5, 0.5, 0, 2]
+    # k3 = e^d - d - 1 = [e - 2, e^-1, 0, e^2 - 3] = [0.718282, 0.367879, 0, 4.389056]
+    logp = torch.tensor([0.0, 0.0, -0.3, -2.5])
+    ref = logp + torch.tensor([1.0, -1.0, 0.0, 2.0])
+    assert_close(kl_k1(logp, ref), torch.tensor([-1.0, 1.0, 0.0, -2.0]))
+    assert_close(kl_k2(logp, ref), torch.tensor([0.5, 0.5, 0.0, 2.0]))
+    assert_close(kl_k3(logp, ref), torch.tensor([math.e - 2, math.exp(-1), 0.0, math.exp(2) - 3]))
+
+
+def test_p15_k3_finite_under_large_log_ratio():
+    # ref - logp = +50: exp(50) = 5e21 would be fine in fp32 but exp(100) overflows; clamp to 20 first, then k3 is
+    # clamped to 10 (code). ref - logp = -50: e^-50 + 50 - 1 = 49 -> 10. Gradients must be finite (0 under the clamps).
+    logp = torch.tensor([0.0, 0.0, -100.0, 0.0], requires_grad=True)
+    ref = torch.tensor([50.0, -50.0, 0.0, 0.0])  # log-ratios +50, -50, +100, 0
+    k = kl_k3(logp, ref)
+    assert torch.isfinite(k).all()
+    assert_close(k, torch.tensor([10.0, 10.0, 10.0, 0.0]))
+    g = _grad(k.sum(), logp)
+    assert torch.isfinite(g).all()
+    # and through grpo_loss, with the policy ratio also at +-50 (ratio clamp at +-20 keeps exp finite)
+    old = torch.tensor([[50.0, -50.0, 0.0, 0.0]])
+    lp = torch.zeros(1, 4, requires_grad=True)
+    loss, _ = grpo_loss(lp, old, ref[None], torch.tensor([1.0]), torch.ones(1, 4), kl_coef=0.001, kl_type="k3",
+                        entropy=None)
+    assert torch.isfinite(loss)
+    assert torch.isfinite(_grad(loss, lp)).all()
+
+
+@pytest.mark.parametrize("kl_type", ["k1", "k2", "k3"])
+def test_p8_kl_gradient_pulls_logp_toward_ref(kl_type):
+    # adv = 0 -> the PG term is 0, entropy off: the loss is kl_coef * token-mean(KL). One gradient-descent step must
+    # reduce |logp - ref_logp| on every token (Search-R1 once *subtracted* the KL, which pushes away).
+    # k1 = logp - ref has the constant per-token gradient +1: descent always lowers logp, which approaches ref only
+    # where logp > ref (k1 is unbiased for the KL value, not a per-token pull), so for k1 only that side is tested.
+    ref = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.5, -0.2, -2.5, -1.0]])
+    if kl_type == "k1":
+        gap = torch.tensor([[0.5, 1.0, 0.3, 2.0], [0.2, 0.1, 0.7, 0.4]])
+    else:
+        gap = torch.tensor([[0.5, -1.0, 0.3, -2.0], [-0.2, 0.1, -0.7, 0.4]])
+    logp = (ref + gap).requires_grad_()
+    mask = torch.ones(2, 4)
+    loss, m = grpo_loss(logp, logp.detach(), ref, torch.zeros(2), mask, kl_coef=0.1, kl_type=kl_type)
+    assert "grpo/kl" in m
+    g = _grad(loss, logp)
+    assert (g * gap > 0).all()  # the gradient has the sign of (logp - ref): descent moves logp toward ref
+    stepped = logp.detach() - 0.5 * g  # small step: 0.5 * 0.1 / 8 * |dKL| < |gap| on every token
+    assert ((stepped - ref).abs() < gap.abs()).all()
+
+
+def test_kl_off_when_coef_zero_or_ref_none():
+    logp = torch.randn(2, 4, requires_grad=True)
+    ref = torch.randn(2, 4)
+    l0, m0 = grpo_loss(logp, logp.detach(), ref, torch.zeros(2), torch.ones(2, 4), kl_coef=0.0)
+    l1, m1 = grpo_loss(logp, logp.detach(), None, torch.zeros(2), torch.ones(2, 4), kl_coef=0.5)
+    assert "grpo/kl" not in m0 and "grpo/kl" not in m1
+    assert l0.item() == 0.0 and l1.item() == 0.0
+    with pytest.raises(ValueError):
+        grpo_loss(logp, logp.detach(), ref, torch.zeros(2), torch.ones(2, 4), kl_type="k4")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Entropy bonus
+
+
+def test_entropy_bonus_sign():
+    # adv = 0, KL off: loss = -entropy_coef * token-mean(H). Mask has 6 tokens.
+    # H_lo token-mean = (0.5 + 1 + 1.5 + 2 + 1 + 1) / 6 = 7 / 6 -> loss = -0.01 * 7/6
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
+    h_lo = torch.tensor([[0.5, 1.0, 1.5, 2.0], [1.0, 1.0, 9.0, 9.0]], requires_grad=True)
+    lp = torch.zeros(2, 4, requires_grad=True)
+    loss_lo, m = grpo_loss(lp, lp.detach(), None, torch.zeros(2), mask, entropy=h_lo, entropy_coef=0.01, kl_coef=0.0)
+    assert_close(loss_lo, torch.tensor(-0.01 * 7 / 6))
+    assert_close(m["grpo/entropy"], 7 / 6)
+    # d loss / dH = -0.01 / 6 on unmasked tokens: increasing entropy lowers the loss (a bonus, not a penalty)
+    assert_close(_grad(loss_lo, h_lo), -0.01 / 6 * mask)
+    h_hi = (h_lo.detach() + 0.5).requires_grad_()
+    loss_hi, _ = grpo_loss(lp, lp.detach(), None, torch.zeros(2), mask, entropy=h_hi, entropy_coef=0.01, kl_coef=0.0)
+    assert loss_hi.item() < loss_lo.item()
+    assert_close(loss_hi, torch.tensor(-0.01 * 10 / 6))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Aggregation
+
+
+def test_p11_aggregation_modes_hand_computed():
+    # ragged mask: row 0 has 3 tokens, row 1 has 1; masked entries hold 100 and must not leak in
+    # token-mean              = (1 + 2 + 3 + 4) / 4                 = 2.5
+    # seq-mean-token-mean     = mean(6/3, 4/1) = (2 + 4) / 2        = 3.0   (short row 1 weighs as much as row 0)
+    # seq-mean-token-sum-norm = mean(6/4, 4/4) (norm_len = T = 4)   = 1.25 ; with norm_len = 2: mean(3, 2) = 2.5
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
+    assert_close(aggregate(x, mask, "token-mean"), torch.tensor(2.5))
+    assert_close(aggregate(x, mask, "seq-mean-token-mean"), torch.tensor(3.0))
+    assert_close(aggregate(x, mask, "seq-mean-token-sum-norm"), torch.tensor(1.25))
+    assert_close(aggregate(x, mask, "seq-mean-token-sum-norm", norm_len=2), torch.tensor(2.5))
+    # and through grpo_loss: on-policy, A = [-1, -2] -> per-token pg = -A * 1 = [1, 1, 1 | 2]
+    # token-mean = 5/4 ; seq-mean-token-mean = (1 + 2)/2 = 1.5 ; sum-norm = (3/4 + 2/4)/2 = 0.625
+    lp = torch.zeros(2, 4, requires_grad=True)
+    for agg, want in [("token-mean", 1.25), ("seq-mean-token-mean", 1.5), ("seq-mean-token-sum-norm", 0.625)]:
+        loss, _ = grpo_loss(lp, lp.detach(), None, torch.tensor([-1.0, -2.0]), mask, kl_coef=0.0, agg=agg)
+        assert_close(loss, torch.tensor(want))
+
+
+def test_unknown_aggregation_raises():
+    with pytest.raises(ValueError):
+        aggregate(torch.zeros(2, 4), torch.ones(2, 4), "seq-sum")
+    lp = torch.zeros(2, 4, requires_grad=True)
+    with pytest.raises(ValueError):
+        grpo_loss(lp, lp.detach(), None, torch.zeros(2), torch.ones(2, 4), agg="mean")
+
+
+def _minibatch(seed=0, B=8, T=6):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [6, 1, 3, 5, 2, 6, 4, 1]  # ragged: micro-batches of 2 rows hold 7, 8, 8, 5 tokens
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).float()
+    mask[0, 2] = 0.0  # an observation token in the middle of row 0
+    old = -torch.rand(B, T, generator=g) * 3
+    theta = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_()
+    ref = old + 0.2 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    return theta, old, ref, adv, mask
+
+
+def _loss_of(theta, old, ref, adv, mask, rows, agg, **kw):
+    logp = theta[rows] * 1.0
+    entropy = theta[rows].sin() + 1.0  # any differentiable function of the parameters
+    loss, _ = grpo_loss(logp, old[rows], ref[rows], adv[rows], mask[rows], entropy=entropy, kl_coef=0.05,
+                        entropy_coef=0.01, agg=agg, **kw)
+    return loss
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize("n_micro", [1, 2, 4])
+def test_p14_microbatch_split_gives_full_minibatch_gradient(agg, n_micro):
+    theta, old, ref, adv, mask = _minibatch()
+    full = _grad(_loss_of(theta, old, ref, adv, mask, slice(0, 8), agg), theta)
+    num_tokens = mask.sum()  # computed on the mini-batch, before splitting
+    total = torch.zeros_like(theta)
+    k = 8 // n_micro
+    for s in range(0, 8, k):
+        total += _grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), agg, num_tokens=num_tokens, num_seqs=8),
+                       theta)
+    assert_close(total, full, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_p14_per_microbatch_token_mean_does_not_match(n_micro):
+    # Search-R1 / legacy veRL: each micro-batch divides by its *own* token count, then by grad_accum. With ragged
+    # lengths that is not the mini-batch token-mean: short micro-batches are up-weighted.
+    theta, old, ref, adv, mask = _minibatch()
+    full = _grad(_loss_of(theta, old, ref, adv, mask, slice(0, 8), "token-mean"), theta)
+    k = 8 // n_micro
+    total = torch.zeros_like(theta)
+    for s in range(0, 8, k):
+        total += _grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), "token-mean") / n_micro, theta)
+    assert (total - full).abs().max().item() > 1e-3
+
+
+def test_p22_on_policy_loss_zero_but_reinforce_gradient():
+    # 2 prompts x G = 3, equal lengths (3 model tokens + 1 masked position at the same place in every row), ratio == 1,
+    # KL and entropy off. Advantages sum to 0 per group, so loss = -sum_i A_i * 3 / 18 = 0 (up to float), yet
+    # d loss / d logp_{i,t} = -A_i * ratio / N = -A_i / 18 on every unmasked token (REINFORCE), 0 on the masked one.
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]), ["a", "a", "a", "b", "b", "b"])
+    mask = torch.tensor([[1.0, 1, 0, 1]] * 6)
+    logp = (-torch.rand(6, 4)).requires_grad_()
+    for agg in AGGS:
+        loss, m = grpo_loss(logp, logp.detach(), None, adv, mask, kl_coef=0.0, agg=agg)
+        assert abs(loss.item()) < 1e-6
+        assert m["grpo/clip_frac"] == 0.0
+        g = _grad(loss, logp)
+        assert g.abs().max().item() > 0.01  # "loss = 0" is not "no learning signal"
+        n = {"token-mean": 18.0, "seq-mean-token-mean": 3.0 * 6, "seq-mean-token-sum-norm": 4.0 * 6}[agg]
+        assert_close(g, -adv[:, None] * mask / n, rtol=0, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Log-probs under temperature
+
+
+def test_p17_logp_from_logits_divides_logits_by_temperature():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 11, generator=g) * 3
+    targets = torch.randint(0, 11, (2, 4), generator=g)
+    T = 0.7
+    lp = logp_from_logits(logits, targets, temperature=T)
+    want = torch.log_softmax(logits / T, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    assert_close(lp, want)
+    # dividing the log-probs instead (the P17 bug) is a different quantity
+    wrong = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1) / T
+    assert (lp - wrong).abs().max().item() > 0.1
+    # T = 1 is plain log_softmax; and the same call twice gives ratio exactly 1 (on-policy)
+    plain = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    assert_close(logp_from_logits(logits, targets), plain)
+    assert ((lp - logp_from_logits(logits, targets, temperature=T)).exp() == 1).all()
+    # bf16 logits are computed in float32
+    assert logp_from_logits(logits.bfloat16(), targets, T).dtype == torch.float32

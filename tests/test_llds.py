@@ -1,0 +1,350 @@
+"""Loss-correctness tests for llds.py: the LLDS regulariser (arXiv 2512.04220 v2 Eqs. 4, 5, 9, 10; SPEC 3.6, 3.7).
+
+Delta = old_logp - logp (> 0: the update made the token rarer). Most tests build old_logp = 0 and logp = -Delta, so the
+Deltas can be read off the test. "P<N>_parte" names refer to SPEC Part E section 7; plain P<N> to PITFALLS.md.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.testing import assert_close  # noqa: E402
+
+from llds import action_segments, llds_loss, ma_beta  # noqa: E402
+
+GATES = ["action", "response", "token"]
+NORMS = ["code", "paper"]
+
+
+def _from_delta(delta):
+    """old_logp = 0, logp = -Delta (a leaf with grad), so old - logp == Delta exactly."""
+    old = torch.zeros_like(delta)
+    return (-delta).clone().requires_grad_(), old
+
+
+def _grad(loss, x):
+    (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reduction identities
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_on_policy_loss_and_gradient_exactly_zero(gate, norm):
+    # logp == old_logp -> Delta == 0 everywhere: max(0, Delta) = 0 and no token has Delta > 0, so the loss *and* its
+    # gradient are exactly 0 (mini-batch #1 of every rollout, SPEC 2.2). The token variant has no gate, so this also
+    # pins the gradient of max(0, Delta) at Delta = 0 to 0 (SPEC 3.6 item 9: only tokens with Delta > 0 are pulled up).
+    g = torch.Generator().manual_seed(1)
+    old = -torch.rand(3, 6, generator=g)
+    logp = old.clone().requires_grad_()
+    mask = torch.tensor([[1.0, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 0, 1, 0, 1, 0]])
+    for adv in (torch.tensor([1.0, 0.0, -1.0]), torch.tensor([0.0, 0.0, 0.0])):
+        loss, m = llds_loss(logp, old, adv, mask, gate=gate, norm=norm)
+        assert loss.item() == 0.0
+        assert (_grad(loss, logp) == 0).all()
+        assert m["llds/gate_rate"] == 0.0 and m["llds/frac_tokens"] == 0.0 and m["llds/delta_mean"] == 0.0
+
+
+def test_action_segments_hand_written():
+    keep = torch.tensor([
+        [1, 1, 0, 1, 0, 0, 1, 1],  # three runs, the last one at the row end
+        [0, 0, 0, 0, 0, 0, 0, 0],  # no model tokens
+        [0, 1, 1, 1, 0, 1, 1, 1],  # starts masked, run at the row end
+        [1, 0, 1, 0, 1, 0, 1, 0],  # single-token runs
+        [1, 1, 1, 1, 1, 1, 1, 1],  # one run
+    ])
+    want = torch.tensor([
+        [1, 1, 0, 2, 0, 0, 3, 3],
+        [0, 0, 0, 0, 0, 0, 0, 0],
+        [0, 1, 1, 1, 0, 2, 2, 2],
+        [1, 0, 2, 0, 3, 0, 4, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1],
+    ])
+    assert torch.equal(action_segments(keep), want)
+    assert torch.equal(action_segments(keep.float()), want)  # float masks as passed by llds_loss
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Gates (hand-computed)
+
+# row 0 (A = +1): action 1 = tokens 0-3, Delta [0.5, -0.2, -0.2, -0.2], signed sum -0.1 -> OFF (one big positive Delta)
+#                 token 4 = observation (mask 0, Delta 5.0 must be ignored)
+#                 action 2 = tokens 5-7, Delta [-0.1, 0.3, 0.0], signed sum +0.2 -> ON; penalised: token 6 (0.3) only
+#                 response signed sum = -0.1 + 0.2 = +0.1 -> ON
+# row 1 (A = +1): one action, tokens 0-3, Delta [0.4, -0.3, -0.3, 0.1], sum -0.1 -> OFF (action and response);
+#                 tokens 4-7 are padding (mask 0, Delta 7.0 must be ignored)
+# unmasked tokens N = 7 + 4 = 11 ("code" normalisation)
+GATE_DELTA = torch.tensor([[0.5, -0.2, -0.2, -0.2, 5.0, -0.1, 0.3, 0.0], [0.4, -0.3, -0.3, 0.1, 7.0, 7.0, 7.0, 7.0]])
+GATE_MASK = torch.tensor([[1.0, 1, 1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0]])
+
+
+def test_action_gate_uses_signed_sum_per_action():
+    logp, old = _from_delta(GATE_DELTA)
+    loss, m = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate="action")
+    # only (0, 6) is penalised: 0.3 / 11. Token (0, 0) has Delta = 0.5 > 0 but its action sums to -0.1: gate off
+    assert_close(loss, torch.tensor(0.3 / 11))
+    want = torch.zeros(2, 8)
+    want[0, 6] = -1 / 11
+    assert_close(_grad(loss, logp), want, rtol=0, atol=1e-7)
+    assert_close(m["llds/gate_rate"], 1 / 3)  # 1 of 3 actions in Y_pre
+
+
+def test_p11_response_gate_uses_signed_sum_of_response():
+    # row 0: response sum +0.1 -> ON, penalty 0.5 + 0.3 = 0.8; row 1: sum -0.1 -> OFF although 0.4 and 0.1 dropped
+    # (the pre-6453f61 bug summed max(0, Delta): row 1 would fire and the R-gate would equal the token variant)
+    logp, old = _from_delta(GATE_DELTA)
+    loss, m = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate="response")
+    assert_close(loss, torch.tensor(0.8 / 11))
+    want = torch.zeros(2, 8)
+    want[0, 0] = want[0, 6] = -1 / 11
+    assert_close(_grad(loss, logp), want, rtol=0, atol=1e-7)
+    assert_close(m["llds/gate_rate"], 1 / 2)
+    tok, _ = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate="token")
+    assert loss.item() < tok.item() - 0.01
+
+
+@pytest.mark.parametrize("gate", ["action", "response"])
+def test_gate_is_strict_at_zero_sum(gate):
+    # "activated only when sum > 0": Delta [0.5, -0.5, 0.25, -0.25] sums to exactly 0 in float (all dyadic), so the
+    # action / response gate stays OFF although tokens 0 and 2 lost likelihood; a `>= 0` gate would penalise 0.75 / 4
+    logp, old = _from_delta(torch.tensor([[0.5, -0.5, 0.25, -0.25]]))
+    loss, m = llds_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), gate=gate)
+    assert loss.item() == 0.0 and m["llds/gate_rate"] == 0.0
+    assert (_grad(loss, logp) == 0).all()
+
+
+def test_token_variant_is_ungated():
+    # every unmasked Y_pre token with Delta > 0: 0.5, 0.3 (row 0) + 0.4, 0.1 (row 1) = 1.3 -> 1.3 / 11
+    logp, old = _from_delta(GATE_DELTA)
+    loss, m = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate="token")
+    assert_close(loss, torch.tensor(1.3 / 11))
+    want = torch.zeros(2, 8)
+    want[0, 0] = want[0, 6] = want[1, 0] = want[1, 3] = -1 / 11
+    assert_close(_grad(loss, logp), want, rtol=0, atol=1e-7)
+    assert_close(m["llds/gate_rate"], 4 / 11)  # token variant: share of Y_pre tokens with Delta > 0
+
+
+# row 0 (A = +1): action 1 = tokens 0-2, Delta [0.4, 0.1, 0.1] sum +0.6 -> ON, all three penalised
+#                 tokens 3-4 = observation <information>...</information>, Delta [-0.2, -0.2]
+#                 action 2 = tokens 5-7, Delta [-0.3, -0.3, 0.3] sum -0.3 -> OFF
+# row 1 (A = -1): 8 tokens, Delta 1.0 each: not in Y_pre, never penalised, but counted in the "code" denominator
+SPLIT_DELTA = torch.tensor([[0.4, 0.1, 0.1, -0.2, -0.2, -0.3, -0.3, 0.3], [1.0] * 8])
+SPLIT_MASK = torch.tensor([[1.0, 1, 1, 0, 0, 1, 1, 1], [1.0] * 8])
+SPLIT_ADV = torch.tensor([1.0, -1.0])
+
+
+def test_p4_parte_actions_split_at_observation_tokens():
+    logp, old = _from_delta(SPLIT_DELTA)
+    split, _ = llds_loss(logp, old, SPLIT_ADV, SPLIT_MASK, gate="action")
+    assert_close(split, torch.tensor(0.6 / 14))  # (0.4 + 0.1 + 0.1) / (6 + 8)
+    # the same Deltas with the observation tokens left unmasked: one action, sum 0.6 - 0.4 - 0.3 = -0.1 -> OFF
+    merged_mask = torch.ones(2, 8)
+    assert torch.equal(action_segments(merged_mask[:1]), torch.ones(1, 8, dtype=torch.long))
+    merged, m = llds_loss(logp, old, SPLIT_ADV, merged_mask, gate="action")
+    assert merged.item() == 0.0 and m["llds/gate_rate"] == 0.0
+    assert (_grad(merged, logp) == 0).all()
+
+
+def test_metrics_hand_checked():
+    # on the SPLIT example (action gate): Y_pre = row 0 only, 6 tokens, 2 actions, 1 gated
+    # gate_rate = 1/2 ; delta_mean = (0.4 + 0.1 + 0.1 - 0.3 - 0.3 + 0.3) / 6 = 0.3 / 6 = 0.05
+    #   (observation tokens and the A < 0 row are excluded)
+    # frac_tokens = 3 penalised / 6 = 0.5 ; penalty = 0.6 / 14
+    logp, old = _from_delta(SPLIT_DELTA)
+    loss, m = llds_loss(logp, old, SPLIT_ADV, SPLIT_MASK, gate="action")
+    assert_close(m["llds/gate_rate"], 0.5)
+    assert_close(m["llds/delta_mean"], 0.05)
+    assert_close(m["llds/frac_tokens"], 0.5)
+    assert_close(m["llds/penalty"], 0.6 / 14)
+    assert_close(m["llds/penalty"], loss.item())
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_p5_parte_negative_advantage_never_penalised_zero_advantage_is(gate):
+    # identical rows, every Delta = 0.5 > 0 (so every gate fires); A = [-1, 0, +1]
+    # row 0 (A < 0): no penalty, zero gradient ; rows 1 (A = 0, in Y_pre) and 2: 4 x 0.5 each -> 4.0 / 12 ("code")
+    delta = torch.full((3, 4), 0.5)
+    logp, old = _from_delta(delta)
+    loss, _ = llds_loss(logp, old, torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3, 4), gate=gate)
+    assert_close(loss, torch.tensor(4.0 / 12))
+    g = _grad(loss, logp)
+    assert (g[0] == 0).all()
+    assert_close(g[1:], torch.full((2, 4), -1 / 12))
+    # per-token advantages [B, T] work the same way
+    adv_tok = torch.tensor([-1.0, 0.0, 1.0])[:, None].expand(3, 4)
+    loss_tok, _ = llds_loss(logp, old, adv_tok, torch.ones(3, 4), gate=gate)
+    assert_close(loss_tok, loss)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Vectorised vs plain loop (SPEC 3.7, written out token by token)
+
+
+def _llds_loop(logp, old, adv, mask, gate, norm):
+    """Plain-Python LLDS from SPEC 3.7 / v2 Eqs. 4, 9, 10. Returns (loss, dloss/dlogp) as Python floats / lists."""
+    B, T = len(mask), len(mask[0])
+    n_tok = sum(sum(row) for row in mask)
+    in_pre = [adv[i] >= 0 and sum(mask[i]) > 0 for i in range(B)]
+    n_pre = sum(in_pre)
+    loss, coef = 0.0, [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        if adv[i] < 0:
+            continue
+        delta = [old[i][t] - logp[i][t] for t in range(T)]
+        runs, t = [], 0
+        while t < T:  # maximal runs of model tokens = actions
+            if mask[i][t] == 1:
+                s = t
+                while t < T and mask[i][t] == 1:
+                    t += 1
+                runs.append(list(range(s, t)))
+            else:
+                t += 1
+        if gate == "action":
+            units = [(r, sum(delta[t] for t in r) > 0) for r in runs]
+        elif gate == "response":
+            tokens = [t for r in runs for t in r]
+            units = [(tokens, sum(delta[t] for t in tokens) > 0)]
+        else:
+            units = [([t], True) for r in runs for t in r]
+        # "code": / all unmasked tokens of the batch ; "paper": / (this response's tokens * |Y_pre|)
+        denom = n_tok if norm == "code" else sum(mask[i]) * n_pre
+        for tokens, on in units:
+            for t in tokens:
+                if on and delta[t] > 0:
+                    loss += delta[t] / denom
+                    coef[i][t] = -1.0 / denom  # d max(0, old - logp) / d logp = -1 where Delta > 0
+    return loss, coef
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_gradient_matches_loop_reference_on_random_tensors(gate, norm):
+    # logp comes from logits, so the check is dL/dlogits == sum_{gated, Delta>0} -(1/denom) * d logp_tok / d logits
+    g = torch.Generator().manual_seed(7)
+    B, T, V = 6, 14, 9
+    old_logits = torch.randn(B, T, V, generator=g)
+    logits = (old_logits + 0.3 * torch.randn(B, T, V, generator=g)).requires_grad_()
+    targets = torch.randint(0, V, (B, T), generator=g)
+    old = torch.log_softmax(old_logits, -1).gather(-1, targets[..., None])[..., 0]
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    same = torch.rand(B, T, generator=g) < 0.2  # some tokens unchanged: Delta exactly 0, never pulled
+    logp = torch.where(same, old, logp)
+    mask = (torch.rand(B, T, generator=g) < 0.75).float()  # several actions per row, observations in between
+    mask[1] = 0.0  # a row with no model tokens
+    mask[2, :] = 1.0  # a row that is one long action
+    adv = torch.tensor([1.0, 0.5, 0.0, -1.0, 2.0, -0.3])
+
+    loss, _ = llds_loss(logp, old, adv, mask, gate=gate, norm=norm)
+    ref_loss, coef = _llds_loop(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), gate, norm)
+    coef = torch.tensor(coef)
+    assert (coef != 0).sum() >= 5  # the case is not vacuous
+    assert_close(loss.item(), ref_loss, rtol=1e-5, atol=1e-7)
+    g_logp, g_logits = torch.autograd.grad(loss, [logp, logits], retain_graph=True)
+    assert_close(g_logp, coef, rtol=0, atol=1e-6)  # -1/denom on gated Delta > 0 tokens, 0 elsewhere
+    assert (g_logp[coef == 0] == 0).all()  # exactly 0, not merely small
+    want = _grad((logp * coef).sum(), logits)  # chain rule through log_softmax: sum_tok coef * d logp_tok / d logits
+    assert_close(g_logits, want, rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Normalisation, LLDS-MA, micro-batching
+
+
+def test_p3_parte_code_and_paper_normalisation_hand_computed():
+    # action gate, A = [1, 0, -1]
+    # row 0: 4 tokens, Delta [0.4, -0.1, 0.2, 0.3], sum 0.8 > 0 -> penalty 0.4 + 0.2 + 0.3 = 0.9
+    # row 1: 2 tokens (+2 padding), Delta [0.6, 0.2], sum 0.8 > 0 -> penalty 0.8
+    # row 2: A < 0, 3 tokens: no penalty, but its 3 tokens are in the code denominator
+    # code  = (0.9 + 0.8) / (4 + 2 + 3)          = 1.7 / 9
+    # paper = mean over Y_pre of per-response means = (0.9/4 + 0.8/2) / 2 = (0.225 + 0.4) / 2 = 0.3125
+    delta = torch.tensor([[0.4, -0.1, 0.2, 0.3], [0.6, 0.2, 9.0, 9.0], [1.0, 1.0, 1.0, 9.0]])
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    adv = torch.tensor([1.0, 0.0, -1.0])
+    logp, old = _from_delta(delta)
+    code, _ = llds_loss(logp, old, adv, mask, norm="code")
+    paper, _ = llds_loss(logp, old, adv, mask, norm="paper")
+    assert_close(code, torch.tensor(1.7 / 9))
+    assert_close(paper, torch.tensor(0.3125))
+    # paper gradient: -1/(|y_i| |Y_pre|) = -1/8 on row 0's penalised tokens, -1/4 on row 1's
+    want = torch.tensor([[-1 / 8, 0, -1 / 8, -1 / 8], [-1 / 4, -1 / 4, 0, 0], [0, 0, 0, 0]])
+    assert_close(_grad(paper, logp), want)
+
+
+def test_p8_parte_ma_weight_scales_only_answer_span():
+    # one response, one action, Delta [0.2, 0.2, 0.4, 0.4] (sum > 0). Answer span = last 2 tokens, beta = 0.5.
+    # weighted = (0.2 + 0.2 + 0.5 * 0.4 + 0.5 * 0.4) / 4 = 0.8 / 4 = 0.2 ; unweighted = 1.2 / 4 = 0.3
+    delta = torch.tensor([[0.2, 0.2, 0.4, 0.4]])
+    weight = torch.tensor([[1.0, 1.0, 0.5, 0.5]])
+    logp, old = _from_delta(delta)
+    plain, _ = llds_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4))
+    ma, _ = llds_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), weight=weight)
+    assert_close(plain, torch.tensor(0.3))
+    assert_close(ma, torch.tensor(0.2))
+    assert_close(_grad(ma, logp), torch.tensor([[-0.25, -0.25, -0.125, -0.125]]))
+    # beta = 0 switches the answer span off entirely; the gate itself is unchanged (it uses the unweighted Delta)
+    ma0, m0 = llds_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), weight=torch.tensor([[1.0, 1, 0, 0]]))
+    assert_close(_grad(ma0, logp), torch.tensor([[-0.25, -0.25, 0.0, 0.0]]))
+    assert m0["llds/gate_rate"] == 1.0 and m0["llds/frac_tokens"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "v, code, paper",
+    [(0.0, 0.0, 0.0), (1.0, 0.0, 0.5), (1.5, 0.5, 0.75), (2.0, 1.0, 1.0), (3.0, 1.0, 1.0)],
+)
+def test_p8_parte_ma_beta_schedules(v, code, paper):
+    # code: clip(V - 1, 0, 1) (MASK_ADAPTIVE=true) ; paper: min(V / 2, 1) (v2 App. B.2.1). They differ at V = 1, 1.5.
+    assert ma_beta(v, "code") == pytest.approx(code)
+    assert ma_beta(v, "paper") == pytest.approx(paper)
+
+
+def test_ma_beta_unknown_schedule_raises():
+    with pytest.raises(ValueError):
+        ma_beta(1.0, "linear")
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_p14_llds_microbatch_invariance(gate, norm):
+    g = torch.Generator().manual_seed(3)
+    B, T = 8, 10
+    old = -torch.rand(B, T, generator=g) * 2
+    theta = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_()
+    lengths = torch.tensor([10, 3, 7, 1, 9, 5, 2, 8])
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    mask[0, 4:6] = 0.0  # an observation block
+    mask[4, 2] = 0.0
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -0.5, 1.0, 0.0])
+    full, _ = llds_loss(theta * 1.0, old, adv, mask, gate=gate, norm=norm)
+    g_full = _grad(full, theta)
+    assert g_full.abs().max() > 0
+    num_tokens = mask.sum()  # mini-batch totals, computed before splitting
+    num_pre = ((adv >= 0).float()[:, None] * mask).sum(-1).gt(0).sum()
+    total = torch.zeros_like(theta)
+    for rows in (slice(0, 4), slice(4, 8)):
+        loss, _ = llds_loss(theta[rows] * 1.0, old[rows], adv[rows], mask[rows], gate=gate, norm=norm,
+                            num_tokens=num_tokens, num_pre=num_pre)
+        total += _grad(loss, theta)
+    assert_close(total, g_full, rtol=0, atol=1e-6)
+    # without the mini-batch totals the two halves (47 vs 22 tokens) are normalised differently ("code")
+    if norm == "code":
+        naive = sum(_grad(llds_loss(theta[r] * 1.0, old[r], adv[r], mask[r], gate=gate)[0], theta) / 2
+                    for r in (slice(0, 4), slice(4, 8)))
+        assert (naive - g_full).abs().max().item() > 1e-3
+
+
+def test_unknown_gate_norm_or_shape_raises():
+    x = torch.zeros(2, 4, requires_grad=True)
+    adv, mask = torch.ones(2), torch.ones(2, 4)
+    with pytest.raises(ValueError):
+        llds_loss(x, x.detach(), adv, mask, gate="chunk")
+    with pytest.raises(ValueError):
+        llds_loss(x, x.detach(), adv, mask, norm="mean")
+    with pytest.raises(ValueError):
+        llds_loss(x, x.detach(), adv, torch.ones(2, 5))

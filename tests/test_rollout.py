@@ -1,0 +1,720 @@
+"""Tests for rollout.py: the multi-turn Search-R1 rollout, its token bookkeeping (ids, loss_mask, answer_mask), the EM
+reward and the question loader. CPU only, no network, a few seconds.
+
+The tiny random model (tests/tiny.py) emits noise, so most tests drive it with a *scripted policy*: a LogitsProcessor
+that, for every row, sets all logits to -inf except the next token of that row's script. A row's script is chosen by
+its question (found from the prompt ids) and its turn (the number of observations already in its context: one
+"<information>" block or one invalid-action message per finished non-final turn). Turn boundaries inside a
+`generate` call are found by position: the processor remembers the input width at the first step of each call.
+Group members share a question and therefore a script; they behave identically.
+"""
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LogitsProcessor
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import rollout as R  # noqa: E402
+from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
+from rollout import (  # noqa: E402
+    INVALID_ACTION,
+    OBS_HEAD,
+    OBS_TAIL,
+    answer_span,
+    cut_turn,
+    em_check,
+    extract_answer,
+    load_questions,
+    make_prompt,
+    normalize_answer,
+    observation_ids,
+    rollout,
+)
+from tiny import build_model, build_tokenizer  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model is far faster on one thread (no contention with other CPU jobs); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_model(tok, seed=0)
+
+
+def enc(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+class ScriptedPolicy(LogitsProcessor):
+    """Force row r's next token to scripts[question][turn][k], k = tokens this row already generated in this turn.
+
+    scripts: {question: [turn-0 ids, turn-1 ids, ...]}. Past the end of a script the pad id is forced (rows that
+    finished are overwritten with pad by `generate` anyway; an unfinished row would show the pads and fail the test).
+    Records, at the first step of every generate call, each row's context (left padding stripped) in `contexts` as
+    (question, turn, ids), and the number of generate calls in `calls`.
+    """
+
+    def __init__(self, tokenizer, scripts):
+        self.tok = tokenizer
+        self.scripts = scripts
+        self.pad = tokenizer.pad_token_id
+        self.prompts = {q: enc(tokenizer, make_prompt(q, tokenizer)) for q in scripts}
+        self.prev = None
+        self.start = None
+        self.rows = []
+        self.contexts = []
+        self.calls = 0
+
+    def _identify(self, row_ids):
+        i = 0
+        while i < len(row_ids) and row_ids[i] == self.pad:  # left padding (the prompt never starts with pad)
+            i += 1
+        ctx = row_ids[i:]
+        hits = [q for q, p in self.prompts.items() if ctx[: len(p)] == p]
+        assert len(hits) == 1, f"context matches {len(hits)} scripted prompts"
+        q = hits[0]
+        text = self.tok.decode(ctx[len(self.prompts[q]):])
+        turn = text.count("<information>") + text.count("My previous action is invalid")
+        assert turn < len(self.scripts[q]), f"no script for turn {turn} of {q!r}"
+        self.contexts.append((q, turn, ctx))
+        return q, turn
+
+    def __call__(self, input_ids, scores):
+        n, width = input_ids.shape
+        same_call = (self.prev is not None and self.prev.shape == (n, width - 1)
+                     and torch.equal(self.prev, input_ids[:, :-1]))
+        if not same_call:  # first step of a new generate call: every row starts a turn here
+            self.calls += 1
+            self.start = width
+            self.rows = [self._identify(r) for r in input_ids.tolist()]
+        self.prev = input_ids.clone()
+        k = width - self.start
+        forced = torch.full_like(scores, float("-inf"))
+        for r, (q, turn) in enumerate(self.rows):
+            script = self.scripts[q][turn]
+            forced[r, script[k] if k < len(script) else self.pad] = 0.0
+        return forced
+
+
+class FakeRetriever:
+    """(queries, topk) -> one passage string per query; records every call."""
+
+    def __init__(self, fn=lambda q: f"Doc 1(Title: {q}) Some text about {q}.\n"):
+        self.fn = fn
+        self.calls = []
+
+    def __call__(self, queries, topk):
+        self.calls.append((list(queries), topk))
+        return [self.fn(q) for q in queries]
+
+
+def run(model, tok, scripts, golds, retriever=None, **kw):
+    """Roll out the scripted policy on one row per entry of `scripts` (golds: {question: [gold, ...]})."""
+    policy = ScriptedPolicy(tok, scripts)
+    rows = [{"question": q, "golden_answers": golds[q]} for q in scripts]
+    kw.setdefault("group_size", 1)
+    kw.setdefault("max_new_tokens", 40)
+    eps = rollout(model, tok, rows, retriever or FakeRetriever(), logits_processor=[policy], **kw)
+    return eps, policy
+
+
+def spans(mask):
+    """[(start, end, value)] maximal runs of equal values."""
+    out, s = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[s]:
+            out.append((s, i, mask[s]))
+            s = i
+    return out
+
+
+def searchr1_extract(solution_str):
+    """Search-R1's qa_em.extract_solution, verbatim in behaviour: None unless >= 2 matches, then the last one."""
+    matches = list(re.finditer(r"<answer>(.*?)</answer>", solution_str, re.DOTALL))
+    if len(matches) <= 1:
+        return None
+    return matches[-1].group(1).strip()
+
+
+Q1, Q2 = "What is the capital of France", "Where is the Eiffel Tower"
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The full search -> answer trajectory
+
+
+def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
+    s1 = enc(tok, "<think> I need to search. </think>\n<search> capital of France </search>")
+    s2 = enc(tok, "<think> Paris it is. </think>\n<answer> Paris </answer>")
+    t1 = enc(tok, "<search> Eiffel Tower </search>")
+    t2 = enc(tok, "<answer> Berlin </answer>")
+    bm25 = BM25Retriever(DEMO_CORPUS)
+    spy = FakeRetriever(lambda q: bm25([q], 2)[0])
+    scripts = {Q1: [s1, s2], Q2: [t1, t2]}
+    eps, policy = run(model, tok, scripts, {Q1: ["Paris"], Q2: ["Paris"]}, spy, group_size=3, topk=2, max_turns=3)
+
+    assert len(eps) == 6
+    assert [e.group_id for e in eps] == [0, 0, 0, 1, 1, 1]  # contiguous groups (P3), per-batch prompt ids (P4)
+    assert [e.question for e in eps] == [Q1] * 3 + [Q2] * 3
+    assert spy.calls == [(["capital of France"] * 3 + ["Eiffel Tower"] * 3, 2)]  # one batched search per turn
+    assert policy.calls == 2
+
+    for e, (a, b, query) in zip(eps, [(s1, s2, "capital of France")] * 3 + [(t1, t2, "Eiffel Tower")] * 3):
+        doc = bm25([query], 2)[0]
+        obs = observation_ids(doc, tok, 500)
+        assert e.prompt_ids == enc(tok, make_prompt(e.question, tok))
+        assert e.response_ids == a + obs + b  # exactly the sampled ids and the appended observation ids
+        assert e.loss_mask == [1] * len(a) + [0] * len(obs) + [1] * len(b)
+        assert len(e.answer_mask) == len(e.response_ids)
+        # P5: the whole observation, wrapper tags and the newlines included, is masked.
+        (z0, z1, _), = [s for s in spans(e.loss_mask) if s[2] == 0]
+        masked = tok.decode(e.response_ids[z0:z1])
+        assert masked == OBS_HEAD + doc.strip() + OBS_TAIL
+        assert masked.startswith("\n\n<information>") and masked.endswith("</information>\n\n")
+        assert tok.decode(e.response_ids[:z0]).endswith("</search>")
+        assert e.num_searches == 1 and e.num_turns == 2 and e.num_valid_actions == 2 and e.done
+        assert e.text == tok.decode(e.response_ids)
+    assert [e.answer for e in eps] == ["Paris"] * 3 + ["Berlin"] * 3
+    assert [e.reward for e in eps] == [1.0] * 3 + [0.0] * 3
+
+
+def test_group_ids_differ_across_prompts_and_restart_per_batch(tok, model):
+    qs = [Q1, Q2, "Who wrote Hamlet"]
+    scripts = {q: [enc(tok, "<answer> x </answer>")] for q in qs}
+    eps, _ = run(model, tok, scripts, {q: ["x"] for q in qs}, group_size=2, max_turns=0)
+    assert [e.group_id for e in eps] == [0, 0, 1, 1, 2, 2]
+    eps2, _ = run(model, tok, {Q2: scripts[Q2]}, {Q2: ["x"]}, group_size=2, max_turns=0)
+    assert [e.group_id for e in eps2] == [0, 0]  # a position in *this* batch, never a dataset index
+
+
+def test_p5_invalid_action_message_masked(tok, model):
+    eos = tok.eos_token_id
+    no_tag = enc(tok, "<think> hmm </think>") + [eos]
+    unclosed = enc(tok, "<search> no closing tag") + [eos]
+    ans = enc(tok, "<answer> Paris </answer>")
+    spy = FakeRetriever()
+    eps, _ = run(model, tok, {Q1: [no_tag, ans], Q2: [unclosed, ans]}, {Q1: ["Paris"], Q2: ["Paris"]}, spy,
+                 max_turns=3)
+    inv = enc(tok, INVALID_ACTION)
+    for e, first in zip(eps, [no_tag, unclosed]):
+        assert e.response_ids == first + inv + ans
+        assert e.loss_mask == [1] * len(first) + [0] * len(inv) + [1] * len(ans)
+        (z0, z1, _), = [s for s in spans(e.loss_mask) if s[2] == 0]
+        assert tok.decode(e.response_ids[z0:z1]) == INVALID_ACTION
+        assert e.num_searches == 0 and e.num_turns == 2 and e.num_valid_actions == 1
+        assert e.reward == 1.0
+    assert spy.calls == []
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P7 / P19: sampled ids are the trained ids; every turn's context is a token prefix of the next
+
+
+def test_p7_sampled_ids_are_trained_ids(tok, model):
+    eos = tok.eos_token_id
+    # Non-canonical tokenizations: " Bei" + "jing" instead of the single token " Beijing".
+    y0 = enc(tok, "<think> need facts </think>\n<search> Bei") + enc(tok, "jing capital </search>")
+    y1 = enc(tok, "<think> hmm </think>") + [eos]
+    y2 = enc(tok, "<answer> Bei") + enc(tok, "jing </answer>")
+    for y in (y0, y2):
+        assert enc(tok, tok.decode(y)) != y  # re-encoding the text would change the ids (Search-R1's drift)
+    spy = FakeRetriever()
+    eps, policy = run(model, tok, {Q1: [y0, y1, y2]}, {Q1: ["Beijing"]}, spy, max_turns=3)
+    (e,) = eps
+    obs = observation_ids(spy.fn("Beijing capital"), tok, 500)
+    inv = enc(tok, INVALID_ACTION)
+    assert spy.calls == [(["Beijing capital"], 3)]
+    assert e.response_ids == y0 + obs + y1 + inv + y2  # exactly the sampled ids, no re-tokenization
+    assert e.loss_mask == [1] * len(y0) + [0] * len(obs) + [1] * len(y1) + [0] * len(inv) + [1] * len(y2)
+    assert e.reward == 1.0 and e.answer == "Beijing"
+    assert enc(tok, e.text) != e.response_ids  # what a decode/re-encode pipeline would have trained on
+
+    ctxs = [c for q, _, c in policy.contexts]
+    assert [t for _, t, _ in policy.contexts] == [0, 1, 2]
+    assert ctxs[0] == e.prompt_ids  # the chat template is rendered once (P19)
+    assert ctxs[1] == ctxs[0] + y0 + obs
+    assert ctxs[2] == ctxs[1] + y1 + inv
+    full = e.prompt_ids + e.response_ids
+    for a, b in zip(ctxs, ctxs[1:] + [full]):
+        assert b[: len(a)] == a  # token prefix, not only a text prefix
+
+
+def test_p7_prefix_property_across_gen_batches(tok, model):
+    """gen_batch_size smaller than the batch: several generate calls per turn, same ids."""
+    s = enc(tok, "<search> Pari") + enc(tok, "s </search>")
+    a = enc(tok, "<answer> Paris </answer>")
+    eps, policy = run(model, tok, {Q1: [s, a], Q2: [s, a]}, {Q1: ["Paris"], Q2: ["Paris"]}, group_size=3,
+                      max_turns=2, gen_batch_size=2)
+    assert policy.calls == 6  # 6 rows / 2 per call, 2 turns
+    for e in eps:
+        obs = observation_ids(FakeRetriever().fn("Paris"), tok, 500)
+        assert e.response_ids == s + obs + a and e.reward == 1.0
+        for q, _, c in policy.contexts:
+            if q == e.question:
+                assert (e.prompt_ids + e.response_ids)[: len(c)] == c
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Cutting a turn by token index
+
+
+def test_stop_by_token_index_in_rollout(tok, model):
+    extra = enc(tok, "<search> Rhine </search> extra words")
+    overhang = enc(tok, "<search> Seine </search>\n\nmore words")  # '>\n\n' is one token: the stop ends mid-token
+    a = enc(tok, "<answer> Germany </answer>")
+    spy = FakeRetriever()
+    eps, _ = run(model, tok, {Q1: [extra, a], Q2: [overhang, a]}, {Q1: ["Germany"], Q2: ["x"]}, spy, max_turns=2)
+    assert spy.calls == [(["Rhine", "Seine"], 3)]
+    for e, script, query in zip(eps, [extra, overhang], ["Rhine", "Seine"]):
+        k = min(k for k in range(1, len(script) + 1) if "</search>" in tok.decode(script[:k]))
+        assert k < len(script)
+        obs = observation_ids(spy.fn(query), tok, 500)
+        assert e.response_ids == script[:k] + obs + a  # cut right after the token completing </search>
+        assert e.loss_mask == [1] * k + [0] * len(obs) + [1] * len(a)
+    assert tok.decode(eps[1].response_ids[: eps[1].loss_mask.index(0)]).endswith("</search>\n\n")
+
+
+def test_cut_turn_unit(tok):
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    s = enc(tok, "<search> Rhine </search>")
+    assert cut_turn(s + enc(tok, " extra words"), tok, {eos}) == (s, False)
+    assert cut_turn(s + [pad] * 5, tok, {eos}) == (s, False)  # generate's padding after a finished row
+    assert cut_turn(s + [eos, eos, eos], tok, {eos}) == (s, False)  # pad == eos: the stop string ended the turn
+    t = enc(tok, "<think> ok </think>")
+    assert cut_turn(t + [eos] + [pad] * 3, tok, {eos}) == (t + [eos], True)  # EOS kept (P9)
+    assert cut_turn(t + [eos] + s, tok, {eos}) == (t + [eos], True)  # nothing after the first EOS
+    a = enc(tok, "<answer> Bonn </answer>")
+    assert cut_turn(a + s, tok, {eos}) == (a, False)  # the first of </answer>, </search> wins
+    assert cut_turn(t, tok, {eos}) == (t, False)  # max_new_tokens hit: unchanged
+    assert cut_turn([], tok, {eos}) == ([], False)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P9 / P10: EOS, pad == eos, mixed lengths
+
+
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_p9_p10_eos_kept_mixed_lengths_no_padding(tok, model, pad_is_eos):
+    if pad_is_eos:  # Qwen base: pad and EOS share an id
+        tok = build_tokenizer()
+        tok.pad_token = tok.eos_token
+        model = copy.deepcopy(model)
+        model.generation_config.pad_token_id = tok.eos_token_id
+        assert tok.pad_token_id == tok.eos_token_id
+    eos = tok.eos_token_id
+    max_new = 12
+    short = enc(tok, "<think> short </think>") + [eos]
+    long = enc(tok, "the quick brown fox jumps over the lazy dog and then the dog sleeps again")
+    assert len(short) < max_new < len(long) and eos not in long
+    ans = enc(tok, "<answer> Paris </answer>")
+
+    seen = []  # attention masks passed to generate
+    generate = model.generate
+
+    def spy_generate(*args, **kw):
+        seen.append((kw["input_ids"].clone(), kw["attention_mask"].clone()))
+        return generate(*args, **kw)
+
+    model.generate = spy_generate
+    try:
+        eps, policy = run(model, tok, {Q1: [short, ans], Q2: [long, long]}, {Q1: ["Paris"], Q2: ["Paris"]},
+                          max_turns=1, max_new_tokens=max_new)
+    finally:
+        del model.generate
+    inv = enc(tok, INVALID_ACTION)
+    a, b = eps
+    assert a.response_ids == short + inv + ans  # EOS kept, and nothing (no pad, no 2nd EOS) after it
+    assert a.loss_mask == [1] * len(short) + [0] * len(inv) + [1] * len(ans)
+    assert a.response_ids.count(eos) == 1 and a.loss_mask[len(short) - 1] == 1
+    assert a.reward == 1.0
+    assert b.response_ids == long[:max_new] + inv + long[:max_new]  # exactly max_new_tokens per turn
+    assert b.loss_mask == [1] * max_new + [0] * len(inv) + [1] * max_new
+    assert eos not in b.response_ids and tok.pad_token_id not in b.response_ids
+    assert b.answer is None and b.reward == 0.0 and not b.ended_on_eos
+    # The attention mask is built by position: the EOS inside row a's turn-1 context is attended to.
+    ids, att = seen[1]
+    for row, ctx in zip(range(2), [a.prompt_ids + short + inv, b.prompt_ids + long[:max_new] + inv]):
+        assert att[row].sum().item() == len(ctx)
+        assert ids[row, -len(ctx):].tolist() == ctx
+    assert ids[0, -len(inv) - 1].item() == eos and att[0, -len(inv) - 1].item() == 1
+
+
+def test_p9_final_turn_ending_on_eos(tok, model):
+    eos = tok.eos_token_id
+    y = enc(tok, "<think> I do not know. </think>") + [eos]
+    eps, _ = run(model, tok, {Q1: [y]}, {Q1: ["Paris"]}, max_turns=0)
+    (e,) = eps
+    assert e.response_ids == y and e.loss_mask == [1] * len(y) and e.ended_on_eos and e.num_turns == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P12: observation truncation keeps the closing tag
+
+
+def test_p12_observation_truncation_keeps_closing_tag(tok, model):
+    long_doc = "Doc 1(Title: Paris) " + "Paris is the capital and most populous city of France. " * 40
+    spy = FakeRetriever(lambda q: long_doc)
+    s = enc(tok, "<search> Paris </search>")
+    a = enc(tok, "<answer> Paris </answer>")
+    max_obs = 20
+    eps, _ = run(model, tok, {Q1: [s, a]}, {Q1: ["Paris"]}, spy, max_turns=2, max_obs_tokens=max_obs)
+    (e,) = eps
+    (z0, z1, _), = [sp for sp in spans(e.loss_mask) if sp[2] == 0]
+    obs_text = tok.decode(e.response_ids[z0:z1])
+    assert z1 - z0 <= max_obs
+    assert obs_text.startswith(OBS_HEAD) and obs_text.endswith(OBS_TAIL)
+    assert obs_text.count("</information>") == 1
+    assert e.response_ids[z1:] == a and e.reward == 1.0
+    head, tail = enc(tok, OBS_HEAD), enc(tok, OBS_TAIL)
+    assert e.response_ids[z0:z1] == head + enc(tok, long_doc.strip())[: max_obs - len(head) - len(tail)] + tail
+
+
+def test_p12_observation_ids_unit(tok):
+    head, tail = enc(tok, OBS_HEAD), enc(tok, OBS_TAIL)
+    doc = "Doc 1(Title: Rhine) The Rhine flows through Germany.\n"
+    assert observation_ids(doc, tok, 500) == head + enc(tok, doc.strip()) + tail  # short docs are untouched
+    assert tok.decode(observation_ids(doc, tok, 500)) == OBS_HEAD + doc.strip() + OBS_TAIL
+    assert observation_ids(doc, tok, len(head) + len(tail)) == head + tail  # no room for text, tags survive
+    assert observation_ids("", tok, 500) == head + tail  # no hits
+    for n in range(len(head) + len(tail), 40):
+        ids = observation_ids(doc * 10, tok, n)
+        assert len(ids) == n and ids[-len(tail):] == tail
+    with pytest.raises(ValueError, match="max_obs_tokens"):
+        observation_ids(doc, tok, len(head) + len(tail) - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P16: ids the tokenizer does not have are never sampled
+
+
+def test_p16_no_out_of_tokenizer_ids(tok, model):
+    n_tok = len(tok)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    assert vocab == n_tok + 16
+    # Control: the same unscripted model, sampling without the mask, does emit ids >= len(tok) (so the test has teeth).
+    torch.manual_seed(0)
+    prompt = torch.tensor([enc(tok, make_prompt(Q1, tok))] * 8)
+    raw = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
+                         top_p=1.0, top_k=0, max_new_tokens=48, eos_token_id=None, pad_token_id=tok.pad_token_id)
+    assert (raw[:, prompt.shape[1]:] >= n_tok).any()
+
+    torch.manual_seed(0)
+    rows = [{"question": q, "golden_answers": ["Paris"]} for q in (Q1, Q2)]
+    eps = rollout(model, tok, rows, FakeRetriever(), group_size=8, max_turns=1, max_new_tokens=48,
+                  temperature=1.0, top_p=1.0)
+    sampled = [t for e in eps for t, m in zip(e.response_ids, e.loss_mask) if m == 1]
+    assert len(sampled) > 500
+    assert max(sampled) < n_tok
+    assert all(len(e.answer_mask) == len(e.loss_mask) == len(e.response_ids) for e in eps)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# max_turns semantics
+
+
+@pytest.mark.parametrize("max_turns", [0, 1, 2])
+def test_max_turns_always_search(tok, model, max_turns):
+    s = enc(tok, "<think> more </think>\n<search> Paris </search>")
+    spy = FakeRetriever()
+    eps, policy = run(model, tok, {Q1: [s] * (max_turns + 1)}, {Q1: ["Paris"]}, spy, group_size=2,
+                      max_turns=max_turns)
+    obs = observation_ids(spy.fn("Paris"), tok, 500)
+    assert policy.calls == max_turns + 1  # max_turns search turns + one final generation
+    assert spy.calls == [(["Paris", "Paris"], 3)] * max_turns  # the final turn's search is not executed
+    for e in eps:
+        assert e.num_searches == max_turns and e.num_turns == max_turns + 1
+        assert e.num_valid_actions == max_turns + 1
+        assert e.response_ids == (s + obs) * max_turns + s  # ends on the unexecuted search, no observation
+        assert e.loss_mask[-len(s):] == [1] * len(s)
+        assert e.answer is None and e.reward == 0.0 and e.done
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P1: the reward reads the response only, last <answer> wins
+
+
+def test_p1_extract_answer_counts(tok):
+    assert extract_answer("<think> no idea </think>") is None
+    assert extract_answer("<think>x</think>\n<answer> Paris </answer>") == "Paris"
+    assert extract_answer("<answer> Paris </answer> then <answer>\nLyon\n</answer>") == "Lyon"  # last wins
+    assert extract_answer("<answer></answer>") == ""
+    assert extract_answer("<answer> unclosed") is None
+    # Departure 5: the same texts under Search-R1's rule, applied to the response only, lose the single answer.
+    assert searchr1_extract("<think>x</think>\n<answer> Paris </answer>") is None
+    assert searchr1_extract("<answer> Paris </answer> then <answer> Lyon </answer>") == "Lyon"
+
+
+def test_p1_prompt_example_never_counts(tok, model):
+    prompt = make_prompt(Q1, tok)
+    assert prompt.count("<answer> Beijing </answer>") == 1
+    # The instruction sentence "... inside <answer> and </answer>, ..." is a complete tag pair too: Search-R1's prompt
+    # already holds TWO matches, "and" and "Beijing" (SPEC B.6 assumes one).
+    assert R.ANSWER_RE.findall(prompt) == [" and ", " Beijing "]
+    eos = tok.eos_token_id
+    none = enc(tok, "<think> I do not know. </think>") + [eos]
+    right = enc(tok, "<answer> Beijing </answer>")
+    eps, _ = run(model, tok, {Q1: [none], Q2: [right]}, {Q1: ["Beijing"], Q2: ["Beijing"]}, max_turns=0)
+    silent, answered = eps
+    assert silent.answer is None and silent.reward == 0.0  # the prompt's examples are not answers
+    assert answered.answer == "Beijing" and answered.reward == 1.0
+
+    # Search-R1's rule (>= 2 matches over prompt + response) with a prompt holding two examples -- which the real
+    # prompt does -- scores a trajectory that answered nothing on the prompt's "Beijing":
+    assert searchr1_extract(prompt + silent.text) == "Beijing"
+    assert em_check(searchr1_extract(prompt + silent.text), silent.golden_answers) == 1.0  # wrong
+    assert em_check(extract_answer(silent.text), silent.golden_answers) == 0.0  # ours
+    # With exactly one example in the prompt (the case the >= 2 rule was written for) it is right ...
+    one = prompt.replace("inside <answer> and </answer>,", "inside answer tags,")
+    assert len(R.ANSWER_RE.findall(one)) == 1
+    assert searchr1_extract(one + silent.text) is None
+    assert searchr1_extract(one + answered.text) == "Beijing"
+    # ... and scoring only the response under the >= 2 rule drops a correct answer.
+    assert searchr1_extract(answered.text) is None
+    assert em_check(searchr1_extract(answered.text), answered.golden_answers) == 0.0  # wrong
+    assert em_check(extract_answer(answered.text), answered.golden_answers) == 1.0  # ours
+
+
+def test_p1_invalid_message_and_documents_are_not_answers(tok, model):
+    """The invalid-action text contains "<answer> and </answer>" and documents may contain tags: neither is an answer.
+
+    Before the fix, extract_answer read the decoded response incl. observations, so this trajectory answered "and".
+    """
+    assert "<answer> and </answer>" in INVALID_ACTION
+    eos = tok.eos_token_id
+    no_tag = enc(tok, "<think> hmm </think>") + [eos]
+    s = enc(tok, "<search> and </search>")
+    final = enc(tok, "<think> still unsure </think>") + [eos]
+    spy = FakeRetriever(lambda q: "Doc 1(Title: x) <answer> and </answer>\n")
+    eps, _ = run(model, tok, {Q1: [no_tag, final], Q2: [s, final]}, {Q1: ["and"], Q2: ["and"]}, spy, max_turns=1)
+    for e in eps:
+        assert extract_answer(e.text) == "and"  # the text does hold a tag pair ...
+        assert e.answer is None and e.reward == 0.0  # ... but the model never answered
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P20: EM normalisation edge cases
+
+
+def test_p20_normalize_answer():
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"  # ASCII punctuation deleted, not spaced
+    assert normalize_answer("  A  cat, an apple; THE end. ") == "cat apple end"
+    assert normalize_answer("The") == "" and normalize_answer("a") == "" and normalize_answer("an.") == ""
+    assert normalize_answer("Theatre") == "theatre"  # articles are whole words only
+    # Unicode punctuation is NOT removed (Search-R1's behaviour, kept): the en dash and curly quote survive.
+    assert normalize_answer("Jean–Paul") == "jean–paul"
+    assert normalize_answer("Jean-Paul") == "jeanpaul"
+    assert normalize_answer("Jeanne d’Arc") == "jeanne d’arc" != normalize_answer("Jeanne d'Arc") == "jeanne darc"
+
+
+def test_p20_em_check_edge_cases():
+    # Articles-only golds normalise to "": guarded, so an empty / other-article prediction does not match.
+    assert em_check("", "The") == 0.0
+    assert em_check("  ", ["The"]) == 0.0
+    assert em_check("a", "The") == 0.0
+    assert em_check("An", ["a"]) == 0.0
+    assert em_check("the", "The") == 1.0 and em_check(" THE ", ["the"]) == 1.0
+    assert em_check("A", ["a"]) == 1.0
+    # Documented: in the guarded path punctuation is not stripped, so "The." does not match "The" (Search-R1: 1.0).
+    assert em_check("The.", "The") == 0.0
+    # Without the guard an empty prediction would match (what Search-R1 does):
+    assert normalize_answer("") == normalize_answer("The")
+    # Unicode dash: a false negative, kept for reproducibility with Search-R1 (documented, P20).
+    assert em_check("Jean–Paul Sartre", ["Jean-Paul Sartre"]) == 0.0
+    assert em_check("Jean-Paul Sartre", ["Jean–Paul Sartre"]) == 0.0
+    assert em_check("jean paul sartre", ["Jean-Paul Sartre"]) == 0.0  # "-" is deleted, not spaced
+    assert em_check("JeanPaul Sartre", ["Jean-Paul Sartre"]) == 1.0
+    # Several aliases: any one matches.
+    assert em_check("the Big Apple", ["New York City", "Big Apple", "NYC"]) == 1.0
+    assert em_check("NYC.", ["New York City", "Big Apple", "NYC"]) == 1.0
+    assert em_check("New York", ["New York City", "Big Apple", "NYC"]) == 0.0
+    assert em_check("Paris", ["The", "Paris"]) == 1.0 and em_check("", ["The", "Paris"]) == 0.0
+    # str vs list golds: a str is one alias, never a list of characters.
+    assert em_check("Paris", "Paris") == em_check("Paris", ["Paris"]) == em_check("Paris", ("Paris",)) == 1.0
+    assert em_check("P", "Paris") == 0.0 and em_check("s", "Paris") == 0.0
+    assert em_check("Paris", []) == 0.0
+    # None prediction (no <answer>) is always 0, even against an articles-only gold.
+    assert em_check(None, ["Paris"]) == 0.0 and em_check(None, "The") == 0.0 and em_check(None, "") == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# make_prompt
+
+
+def test_make_prompt(tok):
+    p = make_prompt("what is the capital of france", tok)
+    assert p.startswith("<|im_start|>user\n") and p.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert "Question: what is the capital of france?\n" in p
+    assert p.count("<answer> Beijing </answer>") == 1
+    assert make_prompt("  What is the capital of France?  ", tok) == make_prompt("What is the capital of France", tok)
+    assert "??" not in make_prompt("Really?", tok)
+    assert p == tok.apply_chat_template([{"role": "user", "content": R.PROMPT.format(
+        question="what is the capital of france?")}], tokenize=False, add_generation_prompt=True)
+    raw = build_tokenizer()
+    raw.chat_template = None
+    assert make_prompt("Who wrote Hamlet", raw) == R.PROMPT.format(question="Who wrote Hamlet?")
+    for bad in ("", "   ", "\n"):
+        with pytest.raises(ValueError, match="empty question"):
+            make_prompt(bad, tok)
+
+
+def test_rollout_rejects_row_without_gold(tok, model):
+    with pytest.raises(ValueError, match="golden_answers"):
+        rollout(model, tok, [{"question": Q1}], FakeRetriever(), group_size=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# load_questions
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_load_questions_good_jsonl(tmp_path):
+    f = write_lines(tmp_path / "nq_train.jsonl", [
+        json.dumps({"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"]}),
+        "",
+        json.dumps({"question": "capital of france", "golden_answers": "Paris", "data_source": "hotpotqa", "x": 1}),
+    ])
+    rows = load_questions(f)
+    assert rows == [
+        {"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"], "data_source": "nq"},
+        {"question": "capital of france", "golden_answers": ["Paris"], "data_source": "hotpotqa"},
+    ]
+
+
+def test_load_questions_errors(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_questions(str(missing))
+    good = json.dumps({"question": "q", "golden_answers": ["a"]})
+    f = write_lines(tmp_path / "bad.jsonl", [good, "{not json"])
+    with pytest.raises(ValueError, match=re.escape(f"{f}:2")):
+        load_questions(f)
+    f = write_lines(tmp_path / "nogold.jsonl", [good, good, json.dumps({"question": "q"})])
+    with pytest.raises(ValueError, match=re.escape(f"{f}:3") + ".*golden_answers"):
+        load_questions(f)
+    f = write_lines(tmp_path / "noq.jsonl", [json.dumps({"golden_answers": ["a"]})])
+    with pytest.raises(ValueError, match=re.escape(f"{f}:1") + ".*question"):
+        load_questions(f)
+    f = write_lines(tmp_path / "emptygold.jsonl", [json.dumps({"question": "q", "golden_answers": []})])
+    with pytest.raises(ValueError, match="golden_answers"):
+        load_questions(f)
+    f = write_lines(tmp_path / "list.jsonl", ["[1, 2]"])
+    with pytest.raises(ValueError, match=re.escape(f"{f}:1")):
+        load_questions(f)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match="no questions"):
+        load_questions(str(empty))
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no questions"):
+        load_questions(str(blank))
+
+
+def test_load_questions_parquet_round_trip(tmp_path, monkeypatch):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = [
+        {"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"],
+         "data_source": "nq"},
+        {"question": "capital of france", "golden_answers": ["Paris"], "data_source": "hotpotqa"},
+    ]
+    f = tmp_path / "mixed_train.parquet"
+    pd.DataFrame(rows).to_parquet(f)
+    assert load_questions(str(f)) == rows
+    # Search-R1's verl rows: the golds live in reward_model.ground_truth.target.
+    verl = [{"question": "who wrote hamlet", "data_source": "nq",
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}}}]
+    g = tmp_path / "verl.parquet"
+    pd.DataFrame(verl).to_parquet(g)
+    assert load_questions(str(g)) == [{"question": "who wrote hamlet", "golden_answers": ["Shakespeare"],
+                                       "data_source": "nq"}]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# answer_span (LLDS-MA)
+
+
+def test_answer_span_unit(tok):
+    pre, ans = enc(tok, "<think> x </think>\n"), enc(tok, "<answer> Paris </answer>")
+    assert answer_span(pre + ans, tok) == [0] * len(pre) + [1] * len(ans)
+    assert answer_span(pre, tok) == [0] * len(pre)
+    assert answer_span([], tok) == []
+    eos = tok.eos_token_id
+    assert answer_span(ans + [eos], tok) == [1] * len(ans) + [0]
+    first, last = enc(tok, "<answer> Lyon </answer> "), enc(tok, "<answer> Paris </answer>")
+    assert answer_span(first + last, tok) == [0] * len(first) + [1] * len(last)  # the last span only
+    nc = enc(tok, "<answer> Bei") + enc(tok, "jing </answer>")  # non-canonical ids
+    assert answer_span(pre + nc, tok) == [0] * len(pre) + [1] * len(nc)
+    # '.<' is one token: the token holding '<' is marked, and the marked tokens are the minimal cover of the span.
+    ids = enc(tok, "done.<answer> Paris </answer> ok")
+    m = answer_span(ids, tok)
+    on = [i for i, v in enumerate(m) if v]
+    assert on == list(range(on[0], on[-1] + 1))
+    assert "<answer> Paris </answer>" in tok.decode(ids[on[0]:on[-1] + 1])
+    assert "<answer> Paris </answer>" not in tok.decode(ids[on[0] + 1:on[-1] + 1])
+    assert "<answer> Paris </answer>" not in tok.decode(ids[on[0]:on[-1]])
+    assert tok.decode(ids[on[0]:on[0] + 1]) == ".<"
+
+
+def test_answer_mask_in_rollout(tok, model):
+    s = enc(tok, "<search> Paris </search>")
+    pre, ans = enc(tok, "<think> found it </think>\n"), enc(tok, "<answer> Paris </answer>")
+    spy = FakeRetriever(lambda q: "Doc 1(Title: x) <answer> decoy </answer> is not the model's.\n")
+    eps, _ = run(model, tok, {Q1: [s, pre + ans]}, {Q1: ["Paris"]}, spy, max_turns=2)
+    (e,) = eps
+    n_obs = len(e.response_ids) - len(s) - len(pre) - len(ans)
+    assert e.answer_mask == [0] * (len(s) + n_obs + len(pre)) + [1] * len(ans)
+    assert all(m == 1 for m, a in zip(e.loss_mask, e.answer_mask) if a)  # answer tokens are model tokens
+    assert e.answer == "Paris" and e.reward == 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# P17: the checkpoint's generation_config does not change sampling
+
+
+def test_p17_checkpoint_generation_config_ignored(tok, model):
+    m = copy.deepcopy(model)
+    gc = m.generation_config
+    gc.top_k, gc.repetition_penalty, gc.temperature, gc.top_p, gc.do_sample = 20, 1.05, 0.7, 0.8, True  # Qwen's
+    captured = []
+    generate = m.generate
+
+    def spy_generate(*args, **kw):
+        captured.append(m._prepare_generation_config(kw["generation_config"])[0])
+        return generate(*args, **kw)
+
+    m.generate = spy_generate
+    a = enc(tok, "<answer> Paris </answer>")
+    run(m, tok, {Q1: [a]}, {Q1: ["Paris"]}, max_turns=0, temperature=1.0, top_p=0.95)
+    (cfg,) = captured
+    assert cfg.do_sample and cfg.temperature == 1.0 and cfg.top_p == 0.95
+    assert cfg.top_k in (0, None) and cfg.repetition_penalty in (1.0, None)
+

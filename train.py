@@ -1,0 +1,365 @@
+"""Train a search agent with GRPO + LLDS: rollout -> reward -> group advantages -> mini-batch updates -> log.
+
+Wires retriever.py (BM25), rollout.py (Search-R1 multi-turn loop, EM reward), grpo.py (clipped surrogate, k3 KL,
+entropy bonus) and llds.py (likelihood-preserving regulariser), as the official LLDS code (a veRL 0.1 fork of Search-R1)
+runs them: each rollout batch of prompts x G trajectories is split into several optimizer mini-batches, so that from
+the second mini-batch on the policy differs from the one that sampled (SPEC P1: with one update per batch LLDS is ~0).
+
+    python train.py --model Qwen/Qwen2.5-3B --llds 0.2                       # the paper's setting (needs a big GPU)
+    python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16 --group-size 5
+    python train.py --model <folder> --llds 0.1 --steps 3 --prompts-per-step 2 --group-size 4 --max-turns 2 \\
+        --max-new-tokens 48 --max-obs-tokens 128 --mini-batch-size 4 --lr 1e-5            # a few CPU steps
+
+Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text),
+checkpoint/ (save_pretrained, written to a temp folder and renamed). `python train.py --help` lists every option.
+"""
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from grpo import entropy_from_logits, group_advantages, grpo_loss, logp_from_logits
+from llds import llds_loss, ma_beta
+from retriever import BM25Retriever
+from rollout import load_questions, rollout
+
+
+@dataclass
+class Args:
+    # --- model
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    """hub id, local folder (e.g. a checkpoint/), or a .gguf file"""
+    dtype: str = "auto"
+    """float32 | bfloat16 | auto (bfloat16 on GPU, float32 on CPU)"""
+    device: str = "auto"
+    """cpu | cuda | auto"""
+    seed: int = 0
+    """seeds python, numpy and torch (sampling and data order)"""
+    # --- data
+    train_data: str = "../shared/data/hotpotqa_train.jsonl"
+    """.jsonl/.parquet file in FlashRAG format, or a hub dataset id[:config] (e.g. PeterJinGo/nq_hotpotqa_train)"""
+    corpus: str = "../shared/data/corpus.jsonl"
+    """retrieval corpus, jsonl rows {"id", "contents": '"Title"\\ntext'} (wiki-18 format)"""
+    # --- rollout
+    prompts_per_step: int = 512
+    """questions per rollout batch (paper: 512)"""
+    group_size: int = 5
+    """G, trajectories per question (paper: n_agent = 5)"""
+    max_turns: int = 3
+    """search-enabled generations before the answer-only one (LLDS: 3; Search-R1: 4)"""
+    max_new_tokens: int = 500
+    """tokens per generation turn (paper: 500)"""
+    max_obs_tokens: int = 500
+    """tokens per <information> block (paper: 500)"""
+    topk: int = 3
+    """passages per search"""
+    temperature: float = 1.0
+    """sampling temperature; log-probs use the same one (P17)"""
+    top_p: float = 0.95
+    """nucleus sampling (the code's yaml default; the paper says 1.0)"""
+    gen_batch_size: int = 64
+    """rows per generate call"""
+    # --- grpo
+    steps: int = 1005
+    """rollout steps (paper: 1005)"""
+    lr: float = 1e-6
+    """AdamW learning rate (paper: 1e-6)"""
+    warmup_ratio: float = 0.285
+    """linear warmup over this fraction of steps, from 0, then constant (the code's schedule)"""
+    weight_decay: float = 0.01
+    """AdamW weight decay (veRL default)"""
+    grad_clip: float = 1.0
+    """global grad-norm clip"""
+    mini_batch_size: int = 256
+    """trajectories per optimizer step; the rollout batch gives prompts*G/mini_batch_size updates (paper: 10)"""
+    micro_batch_size: int = 8
+    """trajectories per forward/backward (gradient accumulation; does not change the gradient, P14)"""
+    clip_eps: float = 0.2
+    """PPO ratio clip epsilon"""
+    kl_coef: float = 0.001
+    """coefficient of the KL to the frozen initial model (0 drops the reference model)"""
+    kl_type: str = "k3"
+    """k1 | k2 | k3 (low_var_kl, the code's)"""
+    entropy_coef: float = 0.001
+    """entropy bonus (in the code, not in the paper)"""
+    loss_agg: str = "token-mean"
+    """token-mean (code) | seq-mean-token-mean (paper Eq. 1) | seq-mean-token-sum-norm (Dr. GRPO)"""
+    # --- llds
+    llds: float = 0.2
+    """lambda, the LLDS weight (paper: 0.2; 0.3 for 7B-Instruct); 0 turns the term off (its metrics are still logged)"""
+    llds_gate: str = "action"
+    """action (LLDS-A, default) | response (v1) | token (no gate)"""
+    llds_norm: str = "code"
+    """code (mean over all unmasked tokens; published numbers) | paper (Eq. 4 per-response mean over Y_pre)"""
+    llds_ma: str = "off"
+    """LLDS-MA answer-span weight schedule: off | code (clip(V-1,0,1)) | paper (min(V/2,1))"""
+    # --- logging
+    out_dir: str = "runs/default"
+    """metrics.jsonl, rollouts_step*.jsonl and checkpoint/ go here"""
+    log_rollouts_every: int = 10
+    """write a few full trajectories every N steps (and at step 1)"""
+    num_log_rollouts: int = 4
+    """trajectories per rollouts file"""
+    save_every: int = 0
+    """also save a checkpoint every N steps (0: only at the end)"""
+
+
+def parse_args(argv=None) -> Args:
+    """argparse over the dataclass fields: --field-name VALUE for each, help from the field docstring."""
+    import argparse
+    import inspect
+
+    src = inspect.getsource(Args)
+    docs = {}
+    lines = src.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if ":" in line and "=" in line and lines[i + 1].strip().startswith('"""'):
+            docs[line.split(":")[0].strip()] = lines[i + 1].strip().strip('"')
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Args):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=f.type if f.type in (int, float) else str,
+                        default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})")
+    args = Args(**vars(ap.parse_args(argv)))
+    choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
+               "llds_ma": ("off", "code", "paper"), "kl_type": ("k1", "k2", "k3", "low_var_kl"),
+               "loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
+    for name, ok in choices.items():
+        if getattr(args, name) not in ok:
+            ap.error(f"--{name.replace('_', '-')} must be one of {ok}, got {getattr(args, name)!r}")
+    if args.mini_batch_size < 1 or args.micro_batch_size < 1 or args.prompts_per_step < 1 or args.group_size < 1:
+        ap.error("batch sizes and --group-size must be >= 1")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Model loading (shared with evaluate.py)
+
+
+def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
+    """(model, tokenizer, device) from a hub id, a local folder or a .gguf file (transformers' gguf_file=, de-quantised).
+
+    The model is put in eval mode and stays there: dropout is off in every log-prob pass (P18); gradients still flow.
+    Raises SystemExit with a clear message for a local path that does not exist.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                   "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    path = Path(name).expanduser()
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.endswith(".gguf") or name.count("/") > 1
+    if looks_local and not path.exists():
+        raise SystemExit(f"--model {name}: no such folder or file (pass a hub id, a model folder or a .gguf file)")
+    kw = {}
+    if path.is_file() and path.suffix == ".gguf":
+        name, kw = str(path.parent), {"gguf_file": path.name}
+    elif path.exists():
+        name = str(path)
+    tokenizer = AutoTokenizer.from_pretrained(name, **kw)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw)
+    if getattr(model.config, "quantization_config", None) is not None and kw:  # GGUF: keep plain, trainable tensors
+        plain = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=torch_dtype)
+        del plain.config.quantization_config
+        plain.load_state_dict(model.state_dict(), strict=False)
+        plain.generation_config = model.generation_config
+        model = plain
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer, device
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Batching trajectories and computing log-probs
+
+
+def collate(episodes, pad_id: int) -> dict:
+    """Left-pad prompts to P, right-pad responses to T: input_ids [B, P+T]; masks built by position, never by pad value.
+
+    Returns input_ids, attention_mask, position_ids [B, P+T] and loss_mask, answer_mask [B, T] (float).
+    """
+    P = max(len(e.prompt_ids) for e in episodes)
+    T = max(max(len(e.response_ids) for e in episodes), 1)
+    ids, attn, loss_mask, ans = [], [], [], []
+    for e in episodes:
+        lp, lr = len(e.prompt_ids), len(e.response_ids)
+        ids.append([pad_id] * (P - lp) + e.prompt_ids + e.response_ids + [pad_id] * (T - lr))
+        attn.append([0] * (P - lp) + [1] * (lp + lr) + [0] * (T - lr))
+        loss_mask.append(e.loss_mask + [0] * (T - lr))
+        ans.append(e.answer_mask + [0] * (T - lr))
+    attention_mask = torch.tensor(attn)  # [B, P+T]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+T] as generate() numbered left-padded rows
+    return {"input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids,
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.float32), "answer_mask": torch.tensor(ans, dtype=torch.float32)}
+
+
+def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=False):
+    """logp [b, T] (and entropy [b, T]) of the response tokens for batch rows `rows`, under the sampling temperature.
+
+    Only the last T+1 positions' logits are materialised (logits_to_keep). Logits of ids the tokenizer does not have
+    are dropped, as the sampler suppressed them (P16), so old, ref and current log-probs are of the sampling policy.
+    """
+    dev = next(model.parameters()).device
+    T = batch["loss_mask"].shape[1]
+    out = model(input_ids=batch["input_ids"][rows].to(dev), attention_mask=batch["attention_mask"][rows].to(dev),
+                position_ids=batch["position_ids"][rows].to(dev), logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1, :vocab_size]  # [b, T, V] position j predicts response token j
+    targets = batch["input_ids"][rows][:, -T:].to(dev)  # [b, T]
+    logp = logp_from_logits(logits, targets, temperature)
+    return (logp, entropy_from_logits(logits, temperature)) if with_entropy else (logp, None)
+
+
+@torch.no_grad()
+def batch_logp(model, batch, micro_batch_size, temperature, vocab_size) -> torch.Tensor:
+    """No-grad logp [B, T] over the whole rollout batch, in the same micro-batches the update will use."""
+    B = batch["input_ids"].shape[0]
+    return torch.cat([response_logp(model, batch, slice(i, i + micro_batch_size), temperature, vocab_size)[0].cpu()
+                      for i in range(0, B, micro_batch_size)])
+
+
+def atomic_write(path: Path, text: str):
+    """Write text to path via a temp file + rename, so a crash never leaves a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint"):
+    """save_pretrained into <name>.tmp, then swap it in: a kill while saving leaves the previous checkpoint intact."""
+    final, tmp, old = out_dir / name, out_dir / f"{name}.tmp", out_dir / f"{name}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def masked_mean(x, mask):
+    """Mean of x over mask == 1, or None (null in metrics.jsonl) when the mask is empty, e.g. no correct response."""
+    n = mask.sum().item()
+    return (x * mask).sum().item() / n if n else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
+    try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
+        rows = load_questions(args.train_data)
+        retriever = BM25Retriever.from_jsonl(args.corpus)
+        model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    ref_model = None
+    if args.kl_coef != 0.0:  # the frozen initial policy
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    vocab_size = len(tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * args.steps)  # stepped once per rollout step, from lr 0 (veRL constant+warmup)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup > 0 else 1.0)
+    order = np.random.default_rng(args.seed).permutation(len(rows)).tolist()  # data order: seeded epochs, no repeats
+    print(f"{len(rows)} questions | {len(retriever.corpus)} passages | {sum(p.numel() for p in model.parameters())/1e6:.0f}M "
+          f"params on {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
+          f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
+    history = []
+    for step in tqdm(range(1, args.steps + 1), desc="steps", dynamic_ncols=True):
+        t0 = time.time()
+        if len(order) < args.prompts_per_step:
+            order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
+        batch_rows, order = [rows[i] for i in order[: args.prompts_per_step]], order[args.prompts_per_step:]
+
+        # --- rollout and reward
+        episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
+                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                           max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
+                           top_p=args.top_p, gen_batch_size=args.gen_batch_size)
+        t_rollout = time.time() - t0
+        rewards = torch.tensor([e.reward for e in episodes])  # [B]
+        adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
+        batch = collate(episodes, tokenizer.pad_token_id)
+        old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T] pi_old
+        ref_logp = batch_logp(ref_model, batch, args.micro_batch_size, args.temperature, vocab_size) if ref_model else None
+        weight = None
+        if args.llds_ma != "off":  # LLDS-MA: beta on the final answer span, 1 elsewhere
+            beta = ma_beta(float(np.mean([e.num_searches for e in episodes])), args.llds_ma)
+            weight = 1.0 + (beta - 1.0) * batch["answer_mask"]
+
+        # --- updates: sequential mini-batches, gradient accumulation over micro-batches
+        B, loss_mask = len(episodes), batch["loss_mask"]
+        sums, grad_norms = {}, []
+        for m0 in range(0, B, args.mini_batch_size):
+            mini = list(range(m0, min(m0 + args.mini_batch_size, B)))
+            num_tokens = loss_mask[mini].sum().clamp(min=1).item()  # P14: the mini-batch's count, not the micro's
+            num_pre = max(int(((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum()), 1)
+            optimizer.zero_grad(set_to_none=True)
+            for u0 in range(0, len(mini), args.micro_batch_size):
+                rows_ = slice(mini[u0], mini[min(u0 + args.micro_batch_size, len(mini)) - 1] + 1)
+                dev = lambda x: None if x is None else x[rows_].to(device)  # noqa: E731
+                logp, entropy = response_logp(model, batch, rows_, args.temperature, vocab_size, with_entropy=True)
+                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
+                                     clip_eps=args.clip_eps, kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                     entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
+                                     num_seqs=len(mini))
+                reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
+                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
+                loss = pg + args.llds * reg  # Eq. 6
+                loss.backward()
+                for k, v in {**m_pg, **m_llds}.items():
+                    sums.setdefault(k, []).append(v)
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
+            optimizer.step()
+        scheduler.step()
+
+        # --- log
+        correct = (rewards == 1).float().unsqueeze(-1) * loss_mask  # [B, T]
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics.update({
+            "step": step,
+            "rollout/reward": rewards.mean().item(),
+            "rollout/searches_per_traj": float(np.mean([e.num_searches for e in episodes])),
+            "rollout/valid_action_ratio": sum(e.num_valid_actions for e in episodes) / max(sum(e.num_turns for e in episodes), 1),
+            "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
+            "rollout/frac_zero_std_groups": float(np.mean([len(set(rewards[i:i + args.group_size].tolist())) == 1
+                                                           for i in range(0, B, args.group_size)])),
+            "grpo/grad_norm": float(np.mean(grad_norms)),
+            "grpo/lr": scheduler.get_last_lr()[0],
+            "diag/logp_correct": masked_mean(old_logp, correct),  # token-mean log-lik. under the rollout policy
+            "diag/logp_incorrect": masked_mean(old_logp, loss_mask - correct),
+            "perf/rollout_s": t_rollout,
+            "perf/step_s": time.time() - t0,
+        })
+        history.append(metrics)
+        atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
+        tqdm.write(f"step {step} | reward {metrics['rollout/reward']:.3f} | pg {metrics['grpo/pg_loss']:.4f} | "
+                   f"kl {metrics.get('grpo/kl', 0.0):.5f} | llds {metrics['llds/penalty']:.5f} | "
+                   f"gate {metrics['llds/gate_rate']:.2f} | clip {metrics['grpo/clip_frac']:.3f} | "
+                   f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
+                   f"{metrics['perf/step_s']:.0f}s")
+        if step == 1 or step % args.log_rollouts_every == 0:
+            recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
+                     "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
+                    for i, e in enumerate(episodes[: args.num_log_rollouts])]
+            atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        if args.save_every and step % args.save_every == 0:
+            save_checkpoint(model, tokenizer, out_dir)
+    save_checkpoint(model, tokenizer, out_dir)
+    print(f"saved {out_dir / 'checkpoint'}")
+
+
+if __name__ == "__main__":
+    main(parse_args())
