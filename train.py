@@ -323,6 +323,7 @@ def main(args: Args):
                     sums.setdefault(k, []).append(v)
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
             optimizer.step()
+        lr = optimizer.param_groups[0]["lr"]  # the lr this step used
         scheduler.step()
 
         # --- log
@@ -337,7 +338,7 @@ def main(args: Args):
             "rollout/frac_zero_std_groups": float(np.mean([len(set(rewards[i:i + args.group_size].tolist())) == 1
                                                            for i in range(0, B, args.group_size)])),
             "grpo/grad_norm": float(np.mean(grad_norms)),
-            "grpo/lr": scheduler.get_last_lr()[0],
+            "grpo/lr": lr,
             "diag/logp_correct": masked_mean(old_logp, correct),  # token-mean log-lik. under the rollout policy
             "diag/logp_incorrect": masked_mean(old_logp, loss_mask - correct),
             "perf/rollout_s": t_rollout,

@@ -131,3 +131,15 @@ def test_concept_file_runs_alone(script):
     r = run(script)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip()
+
+
+def test_p24_eval_subset_is_fixed_and_seeded():
+    from evaluate import score_table, select
+
+    rows = [{"question": f"q{i}", "golden_answers": ["a"], "data_source": "x"} for i in range(50)]
+    assert select(rows, 5, seed=0) == select(rows, 5, seed=0)  # the same questions at every evaluation
+    assert select(rows, 5, seed=0) != select(rows, 5, seed=1)
+    assert select(rows, 0, seed=0) == rows and select(rows, 500, seed=0) == rows
+    table = score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0}, {"data_source": "b", "em": 1.0}])
+    assert table["a"] == {"em": 0.5, "n": 2} and table["b"] == {"em": 1.0, "n": 1}
+    assert table["average"] == {"em": 0.75, "n": 3}  # unweighted mean over sources, as the paper's Avg
