@@ -1,7 +1,8 @@
 """Evaluate a search agent: greedy Search-R1 rollouts, exact match per data_source and the average.
 
 Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports it: greedy decoding,
-the training loop's max_turns/topk, reward = EM (rollout.em_check) averaged per data_source. Departure: a fixed, seeded
+the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3),
+top-3 passages, reward = EM (rollout.em_check) averaged per data_source. Departure: a fixed, seeded
 subset with --limit (PITFALLS P24), so every evaluation of a run scores the same questions.
 
     python evaluate.py --model runs/default/checkpoint --data ../shared/data/hotpotqa_test.jsonl \\
@@ -47,10 +48,13 @@ def score_table(records: list[dict]) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass  # keep the docstring's layout and show every default
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
     ap.add_argument("--model", required=True, help="checkpoint folder, hub id or .gguf file")
     ap.add_argument("--data", nargs="+", required=True, help="question files (.jsonl/.parquet) or hub ids[:config]")
-    ap.add_argument("--split", default="test", help="split for hub datasets (default: test)")
+    ap.add_argument("--split", default="test", help="split for hub datasets")
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
     ap.add_argument("--limit", type=int, default=0, help="questions per file, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
@@ -61,7 +65,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
-    ap.add_argument("--out", help="JSON output path (default: <model folder>/eval.json, or ./eval.json)")
+    ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json (or ./eval.json for a hub id)")
     args = ap.parse_args()
 
     try:  # bad input: one clear line naming the file/line/field

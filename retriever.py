@@ -183,7 +183,10 @@ if __name__ == "__main__":
         # [[], []]   unknown word and whitespace query: no hits (departure 3)
     else:
         t0 = time.perf_counter()
-        retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b)
+        try:
+            retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b)
+        except (FileNotFoundError, ValueError) as err:  # bad input: one clear line, no traceback
+            raise SystemExit(f"error: {err}") from None
         print(f"index: {len(retriever.corpus)} passages in {time.perf_counter() - t0:.2f}s")
         for query in args.queries:
             t0 = time.perf_counter()

@@ -111,7 +111,9 @@ def _check_row(row, where: str) -> dict:
         raise ValueError(f"{where}: missing or empty field 'question'")
     if isinstance(golds, str):
         golds = [golds]
-    if golds is None or len(golds) == 0 or not all(isinstance(g, str) for g in golds):
+    if golds is None:
+        raise ValueError(f"{where}: missing field 'golden_answers'")
+    if len(golds) == 0 or not all(isinstance(g, str) for g in golds):
         raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings, got {golds!r}")
     return {"question": row["question"], "golden_answers": list(golds), "data_source": row.get("data_source")}
 
@@ -381,7 +383,7 @@ if __name__ == "__main__":
     print(normalize_answer("The  Eiffel-Tower!"))  # eiffeltower  (ASCII punctuation is deleted, not spaced)
     print(em_check("the Eiffel Tower", ["Eiffel Tower", "La tour Eiffel"]))  # 1.0
     print(extract_answer("<think>..</think><answer> Paris </answer> then <answer> Lyon </answer>"))  # Lyon
-    print(repr(INVALID_ACTION[:30]))  # '\nMy previous action is invalid.'
+    print(repr(INVALID_ACTION[:30]))  # '\nMy previous action is invalid'
 
     from retriever import DEMO_CORPUS, BM25Retriever
 

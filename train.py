@@ -8,7 +8,7 @@ the second mini-batch on the policy differs from the one that sampled (SPEC P1: 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                       # the paper's setting (needs a big GPU)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16 --group-size 5
     python train.py --model <folder> --llds 0.1 --steps 3 --prompts-per-step 2 --group-size 4 --max-turns 2 \\
-        --max-new-tokens 48 --max-obs-tokens 128 --mini-batch-size 4 --lr 1e-5            # a few CPU steps
+        --max-new-tokens 64 --max-obs-tokens 160 --mini-batch-size 4 --micro-batch-size 2 --lr 1e-5  # CPU steps
 
 Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text),
 checkpoint/ (save_pretrained, written to a temp folder and renamed). `python train.py --help` lists every option.
@@ -32,6 +32,9 @@ from grpo import entropy_from_logits, group_advantages, grpo_loss, logp_from_log
 from llds import llds_loss, ma_beta
 from retriever import BM25Retriever
 from rollout import load_questions, rollout
+
+
+LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty")  # normalised by the mini-batch: micro-batch values add up
 
 
 @dataclass
@@ -81,7 +84,7 @@ class Args:
     grad_clip: float = 1.0
     """global grad-norm clip"""
     mini_batch_size: int = 256
-    """trajectories per optimizer step; the rollout batch gives prompts*G/mini_batch_size updates (paper: 10)"""
+    """trajectories per optimizer step (paper: 256, so 512 x 5 trajectories give 10 updates per rollout step)"""
     micro_batch_size: int = 8
     """trajectories per forward/backward (gradient accumulation; does not change the gradient, P14)"""
     clip_eps: float = 0.2
@@ -159,20 +162,14 @@ def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
     path = Path(name).expanduser()
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.endswith(".gguf") or name.count("/") > 1
     if looks_local and not path.exists():
-        raise SystemExit(f"--model {name}: no such folder or file (pass a hub id, a model folder or a .gguf file)")
+        raise SystemExit(f"error: --model {name}: no such folder or file (pass a hub id, a model folder or a .gguf)")
     kw = {}
     if path.is_file() and path.suffix == ".gguf":
         name, kw = str(path.parent), {"gguf_file": path.name}
     elif path.exists():
         name = str(path)
     tokenizer = AutoTokenizer.from_pretrained(name, **kw)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw)
-    if getattr(model.config, "quantization_config", None) is not None and kw:  # GGUF: keep plain, trainable tensors
-        plain = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=torch_dtype)
-        del plain.config.quantization_config
-        plain.load_state_dict(model.state_dict(), strict=False)
-        plain.generation_config = model.generation_config
-        model = plain
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw)  # GGUF: de-quantised, trainable
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer, device
@@ -307,6 +304,7 @@ def main(args: Args):
             num_tokens = loss_mask[mini].sum().clamp(min=1).item()  # P14: the mini-batch's count, not the micro's
             num_pre = max(int(((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum()), 1)
             optimizer.zero_grad(set_to_none=True)
+            mb = {}  # this mini-batch's metrics
             for u0 in range(0, len(mini), args.micro_batch_size):
                 rows_ = slice(mini[u0], mini[min(u0 + args.micro_batch_size, len(mini)) - 1] + 1)
                 dev = lambda x: None if x is None else x[rows_].to(device)  # noqa: E731
@@ -319,8 +317,12 @@ def main(args: Args):
                                         norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
                 loss = pg + args.llds * reg  # Eq. 6
                 loss.backward()
-                for k, v in {**m_pg, **m_llds}.items():
-                    sums.setdefault(k, []).append(v)
+                share = loss_mask[rows_].sum().item() / num_tokens  # this micro-batch's share of the mini-batch tokens
+                for k, v in {**m_pg, **m_llds}.items():  # loss terms are already partial sums; means get weighted
+                    mb[k] = max(mb.get(k, v), v) if k.endswith("_max") else \
+                        mb.get(k, 0.0) + (v if k in LOSS_TERMS else v * share)
+            for k, v in mb.items():
+                sums.setdefault(k, []).append(v)
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
             optimizer.step()
         lr = optimizer.param_groups[0]["lr"]  # the lr this step used
@@ -328,7 +330,7 @@ def main(args: Args):
 
         # --- log
         correct = (rewards == 1).float().unsqueeze(-1) * loss_mask  # [B, T]
-        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}  # mean over the step's mini-batches
         metrics.update({
             "step": step,
             "rollout/reward": rewards.mean().item(),
