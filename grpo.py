@@ -108,6 +108,7 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_k3}
 
 
 def _token_mean(x, mask, num_tokens, num_seqs, norm_len):
+    # NOTE(departure): num_tokens is the mini-batch's count; Search-R1 divides by each micro-batch's own (P14)
     return (x * mask).sum() / num_tokens  # every unmasked token of the mini-batch weighs the same
 
 

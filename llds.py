@@ -111,6 +111,7 @@ def llds_loss(
     # the gradient at Delta == 0 exactly (on-policy), so the ungated token variant would pull up every Y_pre token
 
     if norm == "code":
+        # NOTE(departure): num_tokens is the mini-batch's count; the official code uses each micro-batch's (P14)
         denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
         loss = (pen * mask).sum() / denom  # all unmasked tokens, A < 0 responses included (dp_actor.py)
     else:

@@ -94,6 +94,7 @@ def extract_answer(response_text: str) -> str | None:
     Departure 5 (P1): Search-R1 searches prompt + response and returns None unless there are >= 2 matches.
     """
     matches = ANSWER_RE.findall(response_text)
+    # NOTE(departure): last match of the response only; Search-R1 needs >= 2 over prompt + response (P1)
     return matches[-1].strip() if matches else None
 
 
@@ -189,6 +190,7 @@ def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
     if budget < 0:
         raise ValueError(f"max_obs_tokens={max_obs_tokens} cannot hold the <information> tags ({len(head) + len(tail)})")
     body = tokenizer.encode(docs.strip(), add_special_tokens=False)[:budget]
+    # NOTE(departure): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses </information> (P12)
     return head + body + tail
 
 
@@ -215,11 +217,12 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
     """
     ended_on_eos = False
     for k, t in enumerate(new_ids):
-        if t in eos_ids:
+        if t in eos_ids:  # NOTE(departure): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
             new_ids, ended_on_eos = new_ids[: k + 1], True
             break
     has_stop = lambda text: any(s in text for s in STOP_STRINGS)  # noqa: E731
     if new_ids and has_stop(tokenizer.decode(new_ids)):
+        # NOTE(departure): cut by token index, never decode + re-encode as Search-R1 does (P7)
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
     return new_ids, ended_on_eos
 
@@ -270,6 +273,7 @@ def _generate(model, tokenizer, contexts, gen_cfg, logits_processor, batch_size)
     pad = tokenizer.pad_token_id
     width = max(len(c) for c in contexts)
     input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])  # [N, L] left-padded
+    # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
     attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])  # [N, L] by position
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -325,6 +329,7 @@ def rollout(
             raise ValueError(f"question row {i} needs 'question' and 'golden_answers'; has {sorted(row)}")
         prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer), add_special_tokens=False)
         for _ in range(group_size):  # contiguous groups (P3)
+            # NOTE(departure): group_id = position in this batch, not Search-R1's dataset index uid (P4)
             episodes.append(Episode(row["question"], list(row["golden_answers"]), row.get("data_source", "unknown"),
                                     group_id=i, prompt_ids=prompt_ids))
 
@@ -338,12 +343,13 @@ def rollout(
         queries = []
         for e, new in zip(active, outs):
             ids, e.ended_on_eos = cut_turn(new, tokenizer, eos_ids)
-            e.response_ids += ids
-            e.loss_mask += [1] * len(ids)
+            e.response_ids += ids  # NOTE(departure): the sampled ids themselves; Search-R1 re-encodes the text (P7)
+            e.loss_mask += [1] * len(ids)  # NOTE(departure): mask built while concatenating, no regex (P6)
             e.answer_mask += answer_span(ids, tokenizer)
             e.num_turns += 1
             action_text = tokenizer.decode(ids)
             match = ACTION_RE.search(action_text)
+            # NOTE(departure): the answer is read from this model action only, never prompt + response (P1)
             e.answer = extract_answer(action_text)  # departure 5: only the ending action can hold a full <answer>
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None
@@ -354,14 +360,14 @@ def rollout(
             else:
                 obs = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
                 e.response_ids += obs
-                e.loss_mask += [0] * len(obs)
+                e.loss_mask += [0] * len(obs)  # NOTE(departure): masked while concatenating, no regex (P6)
                 e.answer_mask += [0] * len(obs)
         if queries:
             docs = retriever([q for _, q in queries], topk)  # one batched search per turn
             for (e, _), d in zip(queries, docs):
                 obs = observation_ids(d, tokenizer, max_obs_tokens)
                 e.response_ids += obs
-                e.loss_mask += [0] * len(obs)
+                e.loss_mask += [0] * len(obs)  # NOTE(departure): 0 on all obs ids, tags too; no decode/regex (P6)
                 e.answer_mask += [0] * len(obs)
                 e.num_searches += 1
 

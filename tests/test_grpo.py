@@ -89,13 +89,19 @@ def test_p2_p3_groups_keyed_by_id_not_position():
     assert not torch.allclose(adv_window, adv, atol=1e-3)
 
 
-def test_p4_same_dataset_index_different_prompt_never_pools():
-    # NQ row 0 and HotpotQA row 0 both have extra_info.index == 0. G = 2 each.
+def test_p4_searchr1_dataset_index_key_pools_two_prompts():
+    # NQ row 0 and HotpotQA row 0 both have extra_info.index == 0. G = 2 each. Ours keys by prompt and keeps them
+    # apart; Search-R1's uid = extra_info.index (searchr1_uid below) pools them into one group of 4.
     # nq#0 rewards [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / 0.70711 = +-0.7071
     # hotpotqa#0 rewards [1, 1] -> exactly 0
     r = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    prompt_ids = ["nq#0", "nq#0", "hotpotqa#0", "hotpotqa#0"]
-    dataset_index = [0, 0, 0, 0]
+    prompt_ids = [0, 0, 1, 1]  # ours: rollout.py group_id = the prompt's position in this batch
+    rows = [{"data_source": "nq", "index": 0}] * 2 + [{"data_source": "hotpotqa", "index": 0}] * 2
+
+    def searchr1_uid(row):  # Search-R1 ray_trainer.py: uid = extra_info.index
+        return row["index"]
+
+    dataset_index = [searchr1_uid(row) for row in rows]
     adv = group_advantages(r, prompt_ids)
     s = math.sqrt(0.5) + 1e-6
     assert_close(adv, torch.tensor([0.5 / s, -0.5 / s, 0.0, 0.0]))
@@ -142,6 +148,22 @@ def test_clipped_surrogate_hand_computed_2x4():
     g = _grad(loss, logp)
     assert_close(g, expected_grad)
     assert g[0, 0] == 0 and g[1, 2] == 0 and g[1, 3] == 0  # clipped / masked tokens: exactly zero gradient
+
+
+def test_clip_fraction_counts_only_active_clips():
+    # clip_frac = share of unmasked tokens where the clipped branch wins (the gradient is cut there), eps = 0.2.
+    # A = +1 row: ratios [1.3, 0.7, 1.1, 1.3 (masked)] -> clipped branch wins only at 1.3 (-1.2 > -1.3); at 0.7 the
+    #   pessimistic min keeps the unclipped -0.7 (outside the range, but not clipped); 1.1 is inside.
+    # A = -1 row: ratios [1.3, 0.7, 1.0, 0.5] -> clipped wins only at 0.7 (0.8 > 0.7) and 0.5 (0.8 > 0.5); at 1.3 the
+    #   unclipped 1.3 > 1.2 wins. A = 0 row: nothing is ever clipped (both branches are 0).
+    # -> (1 + 2 + 0) / (3 + 4 + 4) = 3 / 11
+    ratio = torch.tensor([[1.3, 0.7, 1.1, 1.3], [1.3, 0.7, 1.0, 0.5], [1.5, 0.1, 3.0, 1.0]])
+    logp = ratio.log().requires_grad_()
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    _, m = grpo_loss(logp, torch.zeros(3, 4), None, torch.tensor([1.0, -1.0, 0.0]), mask, kl_coef=0.0)
+    assert_close(m["grpo/clip_frac"], 3 / 11)
+    _, m1 = grpo_loss(logp, logp.detach(), None, torch.tensor([1.0, -1.0, 0.0]), mask, kl_coef=0.0)
+    assert m1["grpo/clip_frac"] == 0.0  # on-policy: ratio 1, never clipped
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -298,16 +320,22 @@ def test_p14_microbatch_split_gives_full_minibatch_gradient(agg, n_micro):
 
 
 @pytest.mark.parametrize("n_micro", [2, 4])
-def test_p14_per_microbatch_token_mean_does_not_match(n_micro):
-    # Search-R1 / legacy veRL: each micro-batch divides by its *own* token count, then by grad_accum. With ragged
-    # lengths that is not the mini-batch token-mean: short micro-batches are up-weighted.
+def test_p14_searchr1_per_microbatch_token_mean_does_not_match(n_micro):
+    # Search-R1 / legacy veRL (dp_actor.py): each micro-batch divides by its *own* token count, then by grad_accum.
+    # With ragged lengths that is not the mini-batch token-mean: short micro-batches are up-weighted. Ours (the mini-
+    # batch count passed as num_tokens) matches the full mini-batch exactly; Search-R1's does not.
     theta, old, ref, adv, mask = _minibatch()
     full = _grad(_loss_of(theta, old, ref, adv, mask, slice(0, 8), "token-mean"), theta)
     k = 8 // n_micro
-    total = torch.zeros_like(theta)
-    for s in range(0, 8, k):
-        total += _grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), "token-mean") / n_micro, theta)
-    assert (total - full).abs().max().item() > 1e-3
+
+    def searchr1_microbatch_loss(rows):  # token-mean over this micro-batch's tokens, / grad_accum
+        return _loss_of(theta, old, ref, adv, mask, rows, "token-mean") / n_micro
+
+    searchr1 = sum(_grad(searchr1_microbatch_loss(slice(s, s + k)), theta) for s in range(0, 8, k))
+    ours = sum(_grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), "token-mean", num_tokens=mask.sum()), theta)
+               for s in range(0, 8, k))
+    assert_close(ours, full, rtol=0, atol=1e-6)
+    assert (searchr1 - full).abs().max().item() > 1e-3
 
 
 def test_p22_on_policy_loss_zero_but_reinforce_gradient():

@@ -95,7 +95,7 @@ def test_action_gate_uses_signed_sum_per_action():
     assert_close(m["llds/gate_rate"], 1 / 3)  # 1 of 3 actions in Y_pre
 
 
-def test_p11_response_gate_uses_signed_sum_of_response():
+def test_p11_parte_response_gate_uses_signed_sum_of_response():
     # row 0: response sum +0.1 -> ON, penalty 0.5 + 0.3 = 0.8; row 1: sum -0.1 -> OFF although 0.4 and 0.1 dropped
     # (the pre-6453f61 bug summed max(0, Delta): row 1 would fire and the R-gate would equal the token variant)
     logp, old = _from_delta(GATE_DELTA)
@@ -253,6 +253,34 @@ def test_gradient_matches_loop_reference_on_random_tensors(gate, norm):
     assert_close(g_logits, want, rtol=0, atol=1e-6)
 
 
+def test_gradient_is_minus_lambda_grad_logp_on_gated_tokens():
+    # SPEC 3.6 item 9: d/dtheta [lambda * L_LLDS] = -(lambda / denom) * grad logp on gated tokens with Delta > 0, and 0
+    # elsewhere. logp comes from logits (theta), old = logp + Delta exactly where Delta = 0. lambda = 0.2, action gate.
+    # row 0 (A = +1), mask [1, 1, 0, 1, 1, 1]: action 1 Delta [0.3, -0.1] sum +0.2 ON -> token 0 pulled (token 1 < 0);
+    #        token 2 observation (Delta 0.5 ignored); action 2 Delta [0.2, -0.4, 0] sum -0.2 OFF -> nothing pulled
+    # row 1 (A = 0), mask [1, 1, 1, 1, 0, 0]: Delta [0.1, 0, 0.2, -0.05] sum +0.25 ON -> tokens 0 and 2 (Delta = 0: no)
+    # row 2 (A = -1), mask [1, 1, 1, 0, 0, 0]: Delta 0.5 everywhere but never pulled; counted in the denominator
+    # denom ("code") = 5 + 4 + 3 = 12 ; loss = 0.2 * (0.3 + 0.1 + 0.2) / 12 = 0.01
+    lam = 0.2
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(3, 6, 5, generator=g).requires_grad_()
+    targets = torch.randint(0, 5, (3, 6), generator=g)
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]  # [3, 6]
+    delta = torch.tensor([[0.3, -0.1, 0.5, 0.2, -0.4, 0.0], [0.1, 0.0, 0.2, -0.05, 0.0, 0.0], [0.5] * 6])
+    old = torch.where(delta == 0, logp.detach(), logp.detach() + delta)
+    mask = torch.tensor([[1.0, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]])
+    reg, _ = llds_loss(logp, old, torch.tensor([1.0, 0.0, -1.0]), mask, gate="action")
+    loss = lam * reg  # train.py: loss = pg + lambda * llds
+    assert_close(loss, torch.tensor(0.01), rtol=1e-5, atol=1e-7)
+    gated = torch.zeros(3, 6)
+    gated[0, 0] = gated[1, 0] = gated[1, 2] = 1.0
+    g_logp, g_logits = torch.autograd.grad(loss, [logp, logits], retain_graph=True)
+    assert_close(g_logp, -lam / 12 * gated, rtol=0, atol=1e-6)
+    assert (g_logp[gated == 0] == 0).all()
+    want = _grad((-lam / 12 * gated * logp).sum(), logits)  # -lambda * grad logp, summed over the gated tokens
+    assert_close(g_logits, want, rtol=0, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Normalisation, LLDS-MA, micro-batching
 
@@ -302,6 +330,26 @@ def test_p8_parte_ma_beta_schedules(v, code, paper):
     # code: clip(V - 1, 0, 1) (MASK_ADAPTIVE=true) ; paper: min(V / 2, 1) (v2 App. B.2.1). They differ at V = 1, 1.5.
     assert ma_beta(v, "code") == pytest.approx(code)
     assert ma_beta(v, "paper") == pytest.approx(paper)
+
+
+@pytest.mark.parametrize(
+    "schedule, v, want",
+    # one response, one action, Delta [0.2, 0.2, 0.4, 0.4] (sum > 0), answer span = the last 2 tokens.
+    # weight = 1 + (beta - 1) * answer_mask (train.py) -> loss = (0.2 + 0.2 + beta * (0.4 + 0.4)) / 4
+    # code  (beta = clip(V - 1, 0, 1)): V = 1 -> beta 0   -> 0.4 / 4 = 0.1 ; V = 1.5 -> 0.5 -> 0.8 / 4 = 0.2
+    # paper (beta = min(V / 2, 1))    : V = 1 -> beta 0.5 -> 0.8 / 4 = 0.2 ; V = 1.5 -> 0.75 -> 1.0 / 4 = 0.25
+    # both at V = 2: beta 1 -> plain LLDS, 1.2 / 4 = 0.3
+    [("code", 1.0, 0.1), ("code", 1.5, 0.2), ("code", 2.0, 0.3),
+     ("paper", 1.0, 0.2), ("paper", 1.5, 0.25), ("paper", 2.0, 0.3)],
+)
+def test_p8_parte_llds_ma_with_code_and_paper_beta(schedule, v, want):
+    answer_mask = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    beta = ma_beta(v, schedule)
+    weight = 1.0 + (beta - 1.0) * answer_mask  # as train.py builds it
+    logp, old = _from_delta(torch.tensor([[0.2, 0.2, 0.4, 0.4]]))
+    loss, _ = llds_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 4), gate="action", weight=weight)
+    assert_close(loss, torch.tensor(want))
+    assert_close(_grad(loss, logp), -weight / 4)
 
 
 def test_ma_beta_unknown_schedule_raises():

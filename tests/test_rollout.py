@@ -199,7 +199,7 @@ def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
     assert [e.reward for e in eps] == [1.0] * 3 + [0.0] * 3
 
 
-def test_group_ids_differ_across_prompts_and_restart_per_batch(tok, model):
+def test_p4_group_ids_differ_across_prompts_and_restart_per_batch(tok, model):
     qs = [Q1, Q2, "Who wrote Hamlet"]
     scripts = {q: [enc(tok, "<answer> x </answer>")] for q in qs}
     eps, _ = run(model, tok, scripts, {q: ["x"] for q in qs}, group_size=2, max_turns=0)
@@ -225,6 +225,42 @@ def test_p5_invalid_action_message_masked(tok, model):
         assert e.num_searches == 0 and e.num_turns == 2 and e.num_valid_actions == 1
         assert e.reward == 1.0
     assert spy.calls == []
+
+
+def searchr1_regex_info_mask(tok, response_ids):
+    """Search-R1's first masking (before PR #21, PITFALLS P6): decode the response, regex-find each
+    <information>...</information>, and re-encode the text before its start and end to count tokens."""
+    text = tok.decode(response_ids)
+    mask = [1] * len(response_ids)
+    for m in re.finditer(r"<information>.*?</information>", text, re.DOTALL):
+        start, end = len(enc(tok, text[: m.start()])), len(enc(tok, text[: m.end()]))
+        for k in range(start, min(end, len(mask))):
+            mask[k] = 0
+    return mask
+
+
+def test_p6_searchr1_regex_reencode_mask_misaligns(tok, model):
+    eos = tok.eos_token_id
+    no_tag = enc(tok, "<think> hmm </think>") + [eos]
+    s = enc(tok, "<search> Pari") + enc(tok, "s </search>")  # non-canonical ids, as a sampler may emit
+    a = enc(tok, "<answer> Paris </answer>")
+    eps, _ = run(model, tok, {Q1: [no_tag, s, a]}, {Q1: ["Paris"]}, max_turns=3)
+    (e,) = eps
+    obs = observation_ids(FakeRetriever().fn("Paris"), tok, 500)
+    inv = enc(tok, INVALID_ACTION)
+    assert e.response_ids == no_tag + inv + s + obs + a
+    # ours: built while concatenating, exactly 1 on the sampled ids and 0 on every appended id
+    assert e.loss_mask == [1] * len(no_tag) + [0] * len(inv) + [1] * len(s) + [0] * len(obs) + [1] * len(a)
+    # Search-R1's regex + re-encode mask: BPE is not compositional ('>' + '\n\n' re-encode as one '>\n\n' token, and
+    # " Pari" + "s" as " Paris"), so the span shifts; and the invalid-action message is not matched at all.
+    theirs = searchr1_regex_info_mask(tok, e.response_ids)
+    assert theirs != e.loss_mask
+    trained_obs = [k for k, (o, t) in enumerate(zip(e.loss_mask, theirs)) if o == 0 and t == 1]
+    masked_model = [k for k, (o, t) in enumerate(zip(e.loss_mask, theirs)) if o == 1 and t == 0]
+    assert trained_obs and masked_model  # retrieved / message tokens trained, sampled tokens dropped from the loss
+    n0 = len(no_tag) + len(inv) + len(s)
+    assert any(n0 <= k < n0 + len(obs) for k in trained_obs)  # inside the <information> block itself
+    assert all(theirs[len(no_tag):len(no_tag) + len(inv)])  # the whole invalid-action message trained
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -260,7 +296,7 @@ def test_p7_sampled_ids_are_trained_ids(tok, model):
         assert b[: len(a)] == a  # token prefix, not only a text prefix
 
 
-def test_p7_prefix_property_across_gen_batches(tok, model):
+def test_p7_p19_prefix_property_across_gen_batches(tok, model):
     """gen_batch_size smaller than the batch: several generate calls per turn, same ids."""
     s = enc(tok, "<search> Pari") + enc(tok, "s </search>")
     a = enc(tok, "<answer> Paris </answer>")
@@ -273,6 +309,76 @@ def test_p7_prefix_property_across_gen_batches(tok, model):
         for q, _, c in policy.contexts:
             if q == e.question:
                 assert (e.prompt_ids + e.response_ids)[: len(c)] == c
+
+
+def test_p7_searchr1_decode_reencode_changes_trained_ids(tok, model):
+    eos = tok.eos_token_id
+    y0 = enc(tok, "<think> need facts </think>\n<search> Bei") + enc(tok, "jing capital </search>")
+    y1 = enc(tok, "<think> hmm </think>") + [eos]
+    y2 = enc(tok, "<answer> Bei") + enc(tok, "jing </answer>")
+
+    def searchr1_turn(sampled):  # generation.py _postprocess_responses: decode, cut the text at the tag, re-encode
+        text = tok.decode(sampled, skip_special_tokens=True)
+        for tag in ("</search>", "</answer>"):
+            if tag in text:
+                text = text.split(tag)[0] + tag
+                break
+        return enc(tok, text)
+
+    spy = FakeRetriever()
+    eps, _ = run(model, tok, {Q1: [y0, y1, y2]}, {Q1: ["Beijing"]}, spy, max_turns=3)
+    (e,) = eps
+    obs = observation_ids(spy.fn("Beijing capital"), tok, 500)
+    inv = enc(tok, INVALID_ACTION)
+    sampled = y0 + obs + y1 + inv + y2
+    assert e.response_ids == sampled  # ours: the trained ids are the sampled ids
+    theirs = searchr1_turn(y0) + obs + searchr1_turn(y1) + inv + searchr1_turn(y2)
+    assert theirs != sampled  # Search-R1 trains on ids the policy never sampled
+    for y in (y0, y2):
+        assert searchr1_turn(y) != y and tok.decode(searchr1_turn(y)) == tok.decode(y)  # same text, other ids
+    assert searchr1_turn(y1) == y1[:-1]  # and the EOS is gone (P9a)
+    # the ids differ, so their log-probs under the sampling policy differ: the ratio is not 1 on-policy (off-policy)
+    def seq_logp(ids):  # log pi(response ids | prompt) under the sampling policy
+        with torch.no_grad():
+            logits = model(torch.tensor([e.prompt_ids + ids])).logits[0, len(e.prompt_ids) - 1:-1]  # [T, V]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).sum().item()
+
+    assert abs(seq_logp(sampled) - seq_logp(theirs)) > 1e-3
+
+
+def test_p19_prompt_rendered_once_each_context_is_token_prefix_of_next(tok, model, monkeypatch):
+    renders = []
+    real_make_prompt = R.make_prompt
+    monkeypatch.setattr(R, "make_prompt", lambda q, t: renders.append(q) or real_make_prompt(q, t))
+    eos = tok.eos_token_id
+    s = enc(tok, "<think> look it up </think>\n<search> Paris </search>")
+    bad = enc(tok, "<think> hmm </think>") + [eos]
+    a = enc(tok, "<answer> Paris </answer>")
+    eps, policy = run(model, tok, {Q1: [s, bad, a], Q2: [bad, s, a]}, {Q1: ["Paris"], Q2: ["Paris"]}, group_size=2,
+                      max_turns=3)
+    assert sorted(renders) == sorted([Q1, Q2])  # the chat template is rendered once per question, never per turn
+    for e in eps:
+        full = e.prompt_ids + e.response_ids
+        ctxs = [c for q, _, c in policy.contexts if q == e.question]
+        assert len(ctxs) == 2 * 3  # 2 group members x 3 turns
+        assert all(c[: len(e.prompt_ids)] == e.prompt_ids for c in ctxs)
+        for a_, b_ in zip(ctxs[::2], ctxs[2::2] + [full]):  # member 0's contexts, turn by turn, then the trained ids
+            assert len(a_) < len(b_) and b_[: len(a_)] == a_  # each context is a token prefix of the next
+        assert tok.decode(full).count("<|im_start|>") == 2  # the template's markers occur in the prompt only
+        assert full.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
+
+    # Re-rendering the conversation every turn (chat template over [user, assistant-so-far]) is not append-only: ChatML
+    # closes the assistant message with <|im_end|>, so turn t's context is not a token prefix of turn t+1's.
+    e = eps[0]
+    user = R.PROMPT.format(question=Q1 + "?")
+
+    def rerender(response_ids):
+        msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": tok.decode(response_ids)}]
+        return enc(tok, tok.apply_chat_template(msgs, tokenize=False))
+
+    cut = len(s) + len(observation_ids(FakeRetriever().fn("Paris"), tok, 500))
+    turn1, final = rerender(e.response_ids[:cut]), rerender(e.response_ids)
+    assert final[: len(turn1)] != turn1
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -368,6 +474,33 @@ def test_p9_final_turn_ending_on_eos(tok, model):
     assert e.response_ids == y and e.loss_mask == [1] * len(y) and e.ended_on_eos and e.num_turns == 1
 
 
+def test_p9_searchr1_pad_value_mask_erases_eos(model):
+    from train import collate
+
+    tok = build_tokenizer()
+    tok.pad_token = tok.eos_token  # Qwen base: pad == eos
+    m = copy.deepcopy(model)
+    m.generation_config.pad_token_id = tok.eos_token_id
+    pad = eos = tok.eos_token_id
+    short = enc(tok, "<think> short </think>") + [eos]
+    a = enc(tok, "<answer> Paris </answer>")
+    eps, _ = run(m, tok, {Q1: [short, a], Q2: [a]}, {Q1: ["Paris"], Q2: ["Paris"]}, max_turns=1)
+    batch = collate(eps, pad)
+    T = batch["loss_mask"].shape[1]
+    resp = batch["input_ids"][:, -T:]  # [B, T] right-padded responses
+    k = len(short) - 1  # row 0's EOS
+    assert resp[0, k].item() == eos and batch["loss_mask"][0, k] == 1  # ours: the EOS is trained (by position)
+    assert batch["attention_mask"][0, -T + k] == 1
+
+    def searchr1_mask(ids, info_mask):  # tensor_helper.create_attention_mask: ids != pad, times the info mask
+        return (ids != pad).float() * info_mask
+
+    theirs = searchr1_mask(resp, batch["loss_mask"])
+    assert theirs[0, k] == 0  # the real EOS is erased from the loss
+    assert not torch.equal(theirs, batch["loss_mask"])
+    assert torch.equal(theirs[resp != pad], batch["loss_mask"][resp != pad])  # they differ only on the pad/eos id
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # P12: observation truncation keeps the closing tag
 
@@ -402,6 +535,22 @@ def test_p12_observation_ids_unit(tok):
         assert len(ids) == n and ids[-len(tail):] == tail
     with pytest.raises(ValueError, match="max_obs_tokens"):
         observation_ids(doc, tok, len(head) + len(tail) - 1)
+
+
+def test_p12_searchr1_truncating_wrapped_observation_loses_closing_tag(tok):
+    long_doc = "Doc 1(Title: Paris) " + "Paris is the capital and most populous city of France. " * 40
+
+    def searchr1_obs(docs, max_obs):  # generation.py _process_next_obs: wrap, tokenize, then cut to max_obs_length
+        return enc(tok, OBS_HEAD + docs + OBS_TAIL)[:max_obs]
+
+    for budget in (20, 64, 200):
+        ours, theirs = observation_ids(long_doc, tok, budget), searchr1_obs(long_doc, budget)
+        assert len(ours) == len(theirs) == budget
+        assert tok.decode(ours).endswith("</information>\n\n")
+        assert "</information>" not in tok.decode(theirs)  # the next turn would start inside an open block
+    short = "Doc 1(Title: Rhine) The Rhine flows through Germany.\n"
+    # nothing cut: the same text (ours tokenizes head, body and tail separately, so the ids may differ)
+    assert tok.decode(observation_ids(short, tok, 500)) == tok.decode(searchr1_obs(short.strip(), 500))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -465,7 +614,7 @@ def test_p1_extract_answer_counts(tok):
     assert searchr1_extract("<answer> Paris </answer> then <answer> Lyon </answer>") == "Lyon"
 
 
-def test_p1_prompt_example_never_counts(tok, model):
+def test_p1_searchr1_two_match_rule_fails_prompt_example_never_counts(tok, model):
     prompt = make_prompt(Q1, tok)
     assert prompt.count("<answer> Beijing </answer>") == 1
     # The instruction sentence "... inside <answer> and </answer>, ..." is a complete tag pair too: Search-R1's prompt

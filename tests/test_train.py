@@ -15,7 +15,7 @@ DATA = ROOT.parent / "shared" / "data"
 from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
 from rollout import rollout  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
-from train import batch_logp, collate, parse_args, response_logp  # noqa: E402
+from train import batch_logp, collate, load_policy, parse_args, response_logp  # noqa: E402
 
 QUESTIONS = [
     {"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"], "data_source": "toy"},
@@ -65,7 +65,7 @@ def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ('{"question": "q?", "golden_answers": ["a"]}\n{"question": "no gold"}\n', ":2: field 'golden_answers'"),
+    ('{"question": "q?", "golden_answers": ["a"]}\n{"question": "no gold"}\n', ":2: missing field 'golden_answers'"),
     ('{"question": "q?", "golden_answers": ["a"]}\nnot json\n', ":2: not valid JSON"),
     ("", "no questions"),
 ])
@@ -95,8 +95,7 @@ def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature):
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = build_model(tok, seed=0, dropout=0.3)
-    model.train()  # even if someone leaves the model in train mode, the passes below must be deterministic
-    model.eval()
+    model.eval()  # as load_policy leaves it (test_p18_load_policy_turns_dropout_off checks that)
     eps = rollout(model, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS), group_size=2, max_turns=1,
                   max_new_tokens=12, max_obs_tokens=40, temperature=temperature, top_p=1.0)
     batch = collate(eps, tok.pad_token_id)
@@ -110,7 +109,7 @@ def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature):
     assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
 
 
-def test_collate_masks_by_position_not_by_pad_value():
+def test_p9_p10_collate_masks_by_position_not_by_pad_value():
     """P9/P10: a response whose last token is the pad id (pad == eos) keeps it in the loss and attention masks."""
     tok = build_tokenizer()
 
@@ -124,6 +123,55 @@ def test_collate_masks_by_position_not_by_pad_value():
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1]]
     assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 4], [0, 0, 0, 1, 2, 3, 4]]
     assert b["loss_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 1]]
+
+
+def test_p10_loss_mask_ends_at_first_eos_or_true_length():
+    """Mixed lengths, one row without EOS (truncated), tokens after the first EOS: the trained positions are exactly
+    the kept tokens, the first EOS included, and nothing after it or in the padding (veRL's all-ones mask: verl
+    #3805)."""
+    from rollout import cut_turn
+
+    tok = build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    words = tok.encode(" the quick brown fox", add_special_tokens=False)
+    raw = [words[:2] + [eos] + words[2:] + [eos, pad],  # EOS at 2, junk after it
+           words,  # max_new_tokens hit: no EOS, the true length is kept
+           [eos, pad, pad]]  # EOS first
+    kept = [cut_turn(r, tok, {eos}) for r in raw]
+    assert kept == [(words[:2] + [eos], True), (words, False), ([eos], True)]
+
+    class E:
+        def __init__(self, ids):
+            self.prompt_ids, self.response_ids = [7, 8], ids
+            self.loss_mask = self.answer_mask = [1] * len(ids)
+
+    b = collate([E(ids) for ids, _ in kept], pad)
+    n = len(words)
+    assert b["loss_mask"].tolist() == [[1.0] * 3 + [0.0] * (n - 3), [1.0] * n, [1.0] + [0.0] * (n - 1)]
+    assert b["attention_mask"][:, 2:].tolist() == b["loss_mask"].tolist()  # no pad and no post-EOS token attended
+
+
+def test_p18_load_policy_turns_dropout_off(tmp_path):
+    """A checkpoint with dropout in its config: load_policy returns it in eval mode, so the log-prob pass is exact."""
+    tok = build_tokenizer()
+    build_model(tok, seed=0, dropout=0.5).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, tok2, _ = load_policy(str(tmp_path), "float32", "cpu")
+    assert model.config.attention_dropout == 0.5 and not model.training
+    assert not any(m.training for m in model.modules())
+
+    class E:
+        prompt_ids, response_ids = tok2.encode("Where is Paris?"), tok2.encode(" In France, on the Seine.")
+        loss_mask = answer_mask = [1] * len(response_ids)
+
+    batch = collate([E(), E()], tok2.pad_token_id)
+    lp = lambda: response_logp(model, batch, slice(0, 2), 1.0, len(tok2))[0].detach()  # noqa: E731
+    a = lp()
+    assert torch.equal(a, lp())  # ratio exactly 1 on-policy
+    model.train()  # control: with dropout active the same pass is not reproducible (the test has teeth)
+    torch.manual_seed(0)
+    assert not torch.equal(a, lp())
+    model.eval()
 
 
 @pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py"])
@@ -143,3 +191,59 @@ def test_p24_eval_subset_is_fixed_and_seeded():
     table = score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0}, {"data_source": "b", "em": 1.0}])
     assert table["a"] == {"em": 0.5, "n": 2} and table["b"] == {"em": 1.0, "n": 1}
     assert table["average"] == {"em": 0.75, "n": 3}  # unweighted mean over sources, as the paper's Avg
+
+
+def teach_to_search(path, questions, steps=100):
+    """save_tiny's model after `steps` Adam steps of teacher forcing on "<search> {question} </search>" after each
+    question's prompt, so that its sampled rollouts do search (the random model almost never emits a valid action)."""
+    from rollout import make_prompt
+
+    save_tiny(path)
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # far faster for this tiny model on a busy CPU
+    for _ in range(steps):
+        loss = 0.0
+        for q in questions:
+            prompt = tok.encode(make_prompt(q["question"], tok), add_special_tokens=False)
+            target = tok.encode(f"<search> {q['question']} </search>", add_special_tokens=False)
+            labels = torch.tensor([[-100] * len(prompt) + target])
+            loss = loss + model(input_ids=torch.tensor([prompt + target]), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.set_num_threads(n)
+    model.eval().save_pretrained(path)
+    return str(path)
+
+
+def test_train_same_rewards_in_process_and_served(files):
+    """Issue 4 acceptance: one seeded short CPU job, run with the in-process retriever and against `python retriever.py
+    serve` on localhost, gives the same rewards, the same metrics and the same trajectories (retrieved passages
+    included); the model is taught to search first, so the retriever really is exercised."""
+    model = teach_to_search(files["dir"] / "searcher", QUESTIONS)
+    server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", files["corpus"], "--port", "0"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # "serving 5 passages (BM25, rank_bm25) at http://127.0.0.1:PORT/retrieve"
+        url = line.split(" at ")[-1].strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/retrieve"), line + server.stderr.read()
+        runs = {}
+        for name, extra in (("in_process", []), ("served", ["--retriever-url", url])):
+            out = files["dir"] / f"same_{name}"
+            r = run("train.py", "--model", model, "--train-data", files["q"], "--corpus", files["corpus"], "--steps",
+                    "2", "--seed", "1", "--out-dir", str(out), *SMALL, *extra)
+            assert r.returncode == 0, r.stderr[-3000:]
+            metrics = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
+            runs[name] = ([{k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics],
+                          (out / "rollouts_step1.jsonl").read_text())
+        assert "retriever at " + url in r.stdout  # the second run did use the server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    (local_metrics, local_rollouts), (served_metrics, served_rollouts) = runs["in_process"], runs["served"]
+    assert [m["rollout/reward"] for m in local_metrics] == [m["rollout/reward"] for m in served_metrics]
+    assert local_metrics == served_metrics and local_rollouts == served_rollouts
+    assert any(m["rollout/searches_per_traj"] > 0 for m in local_metrics) and "<information>Doc 1(Title:" in local_rollouts
