@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from retriever import BM25Retriever
+from retriever import make_retriever
 from rollout import load_questions, rollout
 from train import load_policy
 
@@ -56,6 +56,7 @@ def main():
     ap.add_argument("--data", nargs="+", required=True, help="question files (.jsonl/.parquet) or hub ids[:config]")
     ap.add_argument("--split", default="test", help="split for hub datasets")
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
+    ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
     ap.add_argument("--limit", type=int, default=0, help="questions per file, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     ap.add_argument("--max-turns", type=int, default=4, help="search budget (the paper evaluates with 4)")
@@ -70,9 +71,9 @@ def main():
 
     try:  # bad input: one clear line naming the file/line/field
         rows = [r for d in args.data for r in select(load_questions(d, args.split), args.limit, args.seed)]
-        retriever = BM25Retriever.from_jsonl(args.corpus)
+        retriever = make_retriever(args.corpus, args.retriever_url)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
 
     t0, records = time.time(), []

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from grpo import entropy_from_logits, group_advantages, grpo_loss, logp_from_logits
 from llds import llds_loss, ma_beta
-from retriever import BM25Retriever
+from retriever import make_retriever
 from rollout import load_questions, rollout
 
 
@@ -53,6 +53,8 @@ class Args:
     """.jsonl/.parquet file in FlashRAG format, or a hub dataset id[:config] (e.g. PeterJinGo/nq_hotpotqa_train)"""
     corpus: str = "../shared/data/corpus.jsonl"
     """retrieval corpus, jsonl rows {"id", "contents": '"Title"\\ntext'} (wiki-18 format)"""
+    retriever_url: str = ""
+    """Search-R1 /retrieve server (e.g. http://127.0.0.1:8000/retrieve, `python retriever.py serve`); "" = in-process"""
     # --- rollout
     prompts_per_step: int = 512
     """questions per rollout batch (paper: 512)"""
@@ -190,6 +192,7 @@ def collate(episodes, pad_id: int) -> dict:
     for e in episodes:
         lp, lr = len(e.prompt_ids), len(e.response_ids)
         ids.append([pad_id] * (P - lp) + e.prompt_ids + e.response_ids + [pad_id] * (T - lr))
+        # NOTE(departure): masks by position (lengths), never `ids != pad`, which erases EOS when pad == eos (P9)
         attn.append([0] * (P - lp) + [1] * (lp + lr) + [0] * (T - lr))
         loss_mask.append(e.loss_mask + [0] * (T - lr))
         ans.append(e.answer_mask + [0] * (T - lr))
@@ -258,9 +261,9 @@ def main(args: Args):
     atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
     try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
         rows = load_questions(args.train_data)
-        retriever = BM25Retriever.from_jsonl(args.corpus)
+        retriever = make_retriever(args.corpus, args.retriever_url)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
     ref_model = None
     if args.kl_coef != 0.0:  # the frozen initial policy
@@ -270,7 +273,7 @@ def main(args: Args):
     warmup = int(args.warmup_ratio * args.steps)  # stepped once per rollout step, from lr 0 (veRL constant+warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup > 0 else 1.0)
     order = np.random.default_rng(args.seed).permutation(len(rows)).tolist()  # data order: seeded epochs, no repeats
-    print(f"{len(rows)} questions | {len(retriever.corpus)} passages | {sum(p.numel() for p in model.parameters())/1e6:.0f}M "
+    print(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters())/1e6:.0f}M "
           f"params on {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
     history = []
@@ -287,6 +290,7 @@ def main(args: Args):
                            top_p=args.top_p, gen_batch_size=args.gen_batch_size)
         t_rollout = time.time() - t0
         rewards = torch.tensor([e.reward for e in episodes])  # [B]
+        # NOTE(departure): groups keyed by per-batch prompt id, not Search-R1's uid = dataset index (P4)
         adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
         batch = collate(episodes, tokenizer.pad_token_id)
         old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T] pi_old
@@ -301,6 +305,7 @@ def main(args: Args):
         sums, grad_norms = {}, []
         for m0 in range(0, B, args.mini_batch_size):
             mini = list(range(m0, min(m0 + args.mini_batch_size, B)))
+            # NOTE(departure): normalise by the mini-batch's token count; Search-R1 uses each micro-batch's (P14)
             num_tokens = loss_mask[mini].sum().clamp(min=1).item()  # P14: the mini-batch's count, not the micro's
             num_pre = max(int(((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum()), 1)
             optimizer.zero_grad(set_to_none=True)

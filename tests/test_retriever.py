@@ -4,17 +4,25 @@ errors and the CLI. CPU only, no network; the real corpus is read from ../shared
 import json
 import math
 import re
+import socket
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from retriever import BM25Retriever, format_passages, load_corpus  # noqa: E402
+from retriever import (  # noqa: E402
+    BM25Retriever, RemoteRetriever, SparseBM25, format_passages, index_cache_file, load_corpus, make_retriever,
+    make_server, tokenize,
+)
 
 DATA = REPO.parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not (DATA / "corpus.jsonl").is_file(), reason=f"no corpus at {DATA}")
@@ -155,6 +163,39 @@ def test_p23_topk_larger_than_corpus_and_bad_topk():
         retriever.search("Paris")
 
 
+def searchr1_search(retriever, query, num, return_score=True):
+    """Search-R1 retrieval_server.py BM25Retriever._search, over our index: the searcher's ranked hits, `scores` read
+    from them *before* the hit list is cut to `num`, and a bare list (no scores) when return_score is False."""
+    words = re.findall(r"\w+", query.lower())
+    raw = retriever.bm25.get_scores(words) if words else []
+    hits = sorted((i for i, sc in enumerate(raw) if sc > 0), key=lambda i: -raw[i])  # every matching passage
+    if len(hits) < 1:
+        return ([], []) if return_score else []
+    scores = [float(raw[i]) for i in hits]
+    hits = hits[:num]  # (Search-R1 warns "Not enough documents retrieved!" when len(hits) < num)
+    results = [retriever.corpus[i] for i in hits]
+    return (results, scores) if return_score else results
+
+
+def test_p23_searchr1_scores_before_cut_misalign():
+    retriever = BM25Retriever(TOY)
+    k = 2
+    for query in ("France capital city", "Troy", "zebra", ""):
+        ours = retriever.search([query], topk=k)[0]
+        check_p23_shape(ours, k)  # ours: aligned and <= k on k-hit, < k-hit, 0-hit and empty queries
+        results, scores = searchr1_search(retriever, query, k)
+        assert [h["document"] for h in ours] == results  # the same passages ...
+        if query == "France capital city":  # ... but on a query with more than k matches the scores are not cut
+            assert len(scores) > len(results) == k
+        else:
+            assert len(scores) == len(results) < k
+    # the server unpacks `results, scores = batch_search(..., return_score=False)`: a crash (or, for exactly two
+    # queries, two result lists silently taken as "results" and "scores")
+    bare = [searchr1_search(retriever, q, k, return_score=False) for q in ("France capital city", "Troy", "Lyon")]
+    with pytest.raises(ValueError):
+        results, scores = bare
+
+
 @needs_data
 def test_p23_shapes_on_real_corpus(real):
     _, retriever = real
@@ -243,3 +284,215 @@ def test_cli_on_real_corpus():
     assert "Doc 1(Title:" in out.stdout and "score=" in out.stdout
     bad = subprocess.run(cmd[:4], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no query" in bad.stderr
+
+
+# --- the sparse engine: bitwise rank-bm25 -----------------------------------------------------------------------------
+
+
+def real_questions(n):
+    """n real questions, round-robin over the question files in ../shared/data (every dataset represented)."""
+    files = [[json.loads(line)["question"] for line in open(f, encoding="utf-8")]
+             for f in sorted(DATA.glob("*.jsonl")) if f.name != "corpus.jsonl"]
+    return [q for group in zip(*files) for q in group][:n]
+
+
+def rank_bm25_topk(bm25, query, k, word_scores):
+    """The reference top-k from rank-bm25's own arithmetic and a full stable argsort (as retriever.py ranked before the
+    sparse engine). BM25Okapi.get_scores(words) is, by its code, `score += contribution(w)` for w in words from 0, and
+    contribution(w) is get_batch_scores([w], passages containing w) there and 0.0 elsewhere: the same float64
+    expression. Caching contributions per word keeps 200 queries fast; the bitwise get_scores check below backs it."""
+    if "postings" not in word_scores:  # word -> passages containing it, from rank-bm25's own term counts
+        word_scores["postings"] = {}
+        for d, freqs in enumerate(bm25.doc_freqs):
+            for w in freqs:
+                word_scores["postings"].setdefault(w, []).append(d)
+    scores = np.zeros(bm25.corpus_size)  # [D]
+    for w in re.findall(r"\w+", query.lower()):
+        if w not in word_scores:
+            word_scores[w] = np.zeros(bm25.corpus_size)
+            docs = word_scores["postings"].get(w, [])
+            if docs:
+                word_scores[w][docs] = bm25.get_batch_scores([w], docs)
+        scores += word_scores[w]
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [(str(i), float(scores[i])) for i in order if scores[i] > 0]
+
+
+@needs_data
+def test_sparse_equals_rank_bm25_real_corpus_200_queries(real):
+    corpus, reference = real  # 13,823 passages: engine "auto" is rank_bm25 here
+    assert reference.engine == "rank_bm25"
+    sparse = BM25Retriever(corpus, engine="sparse")
+    queries = real_questions(200)
+    assert len(set(queries)) == 200
+    word_scores = {}
+    for query, hits in zip(queries, sparse.search(queries, topk=5), strict=True):
+        expected = rank_bm25_topk(reference.bm25, query, 5, word_scores)
+        assert [(h["document"]["id"], h["score"]) for h in hits] == expected, query  # ids, order, scores: exact
+    for query in queries[:5]:  # and the whole score vector, bitwise, straight from BM25Okapi.get_scores (slow)
+        assert np.array_equal(sparse.bm25.get_scores(tokenize(query)), reference.bm25.get_scores(tokenize(query)))
+
+
+NEGATIVE_IDF = [{"id": str(i), "contents": c} for i, c in enumerate(["a b", "a c", "a b c a"])]  # mean idf < 0
+
+
+@pytest.mark.parametrize("corpus", [TOY, NEGATIVE_IDF])
+def test_sparse_scores_bitwise_on_toy_corpora(corpus):
+    """TOY, and a corpus whose mean idf is < 0 (floored idfs, negative scores): every score vector is identical."""
+    ref, fast = BM25Retriever(corpus, engine="rank_bm25"), BM25Retriever(corpus, engine="sparse")
+    for query in ("France capital city", "Paris Paris capital", "a", "a b c", "b b", "zebra", "Lyon Rhone"):
+        assert np.array_equal(ref.bm25.get_scores(tokenize(query)), fast.bm25.get_scores(tokenize(query))), query
+        assert ref.search([query], 10) == fast.search([query], 10)
+
+
+@pytest.mark.parametrize("engine", ["rank_bm25", "sparse"])
+def test_bad_input_and_ties_both_engines(engine):
+    retriever = BM25Retriever(TOY, engine=engine)
+    assert retriever.search(["", "   \n\t", "?!", "zebra xylophone"], topk=3) == [[], [], [], []]  # no crash, no hits
+    everything = retriever.search(["is the of a"], topk=100)[0]  # topk > corpus: every passage with a query word
+    assert len(everything) == sum(s > 0 for s in brute_force_bm25(TOY, "is the of a")) < 100
+    lyon = retriever.search(["Lyon Rhone"], topk=2)[0]  # "b" and "g" are the same passage: a tie, kept in order
+    assert [h["document"]["id"] for h in lyon] == ["b", "g"] and lyon[0]["score"] == lyon[1]["score"]
+    assert_matches_brute_force(retriever, TOY, ["France capital city", "Paris Paris Troy", "Rhone"], k=4)
+    with pytest.raises(ValueError, match="topk"):
+        retriever.search(["Paris"], topk=0)
+    with pytest.raises(ValueError, match="engine"):
+        BM25Retriever(TOY, engine="faiss")
+    with pytest.raises(ValueError, match="no word tokens"):
+        BM25Retriever([{"id": "0", "contents": "?!"}], engine=engine)
+
+
+# --- the on-disk index cache -----------------------------------------------------------------------------------------
+
+
+def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch):
+    path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
+    first = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # miss: built, then written
+    files = list(cache.glob("*.npz"))
+    assert [f.name for f in files] == [index_cache_file(path, 0.9, 0.4, cache).name]
+    assert not list(cache.glob("*.tmp"))  # written atomically: no temp file left behind
+
+    builds = []
+    real_build = SparseBM25.build
+    monkeypatch.setattr(SparseBM25, "build", lambda *a, **kw: builds.append(1) or real_build(*a, **kw))
+    second = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # hit: nothing rebuilt
+    assert builds == [] and second.search(["France capital"], 5) == first.search(["France capital"], 5)
+
+    BM25Retriever.from_jsonl(path, k1=1.2, engine="sparse", cache_dir=cache)  # other BM25 parameters: miss
+    assert builds == [1]
+    write_lines(path, [json.dumps(r) for r in TOY] + ['{"id": "h", "contents": "Zebras live in Kenya."}'])
+    third = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # the corpus changed: miss
+    assert builds == [1, 1] and third.search(["zebras"], 3)[0][0]["document"]["id"] == "h"
+    assert len(list(cache.glob("*.npz"))) == 1  # the stale indexes of this corpus file were removed
+
+    next(cache.glob("*.npz")).write_bytes(b"not an npz")  # a damaged cache file: warn and rebuild
+    fourth = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
+    assert builds == [1, 1, 1] and fourth.search(["zebras"], 3) == third.search(["zebras"], 3)
+    BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
+    assert builds == [1, 1, 1]  # ... and the rebuilt file is used again
+
+    BM25Retriever.from_jsonl(path, cache_dir=tmp_path / "auto")  # a small corpus: rank_bm25, nothing cached
+    assert not (tmp_path / "auto").exists()
+
+
+# --- Search-R1's HTTP API: server and client -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server():
+    """A `make_server` over TOY (sparse engine) on 127.0.0.1 and a free port, in a thread; shut down afterwards."""
+    srv = make_server(BM25Retriever(TOY, engine="sparse"), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def post(url, body):
+    """(status, JSON answer) of one bounded POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+def test_server_round_trip_matches_in_process(server):
+    local = BM25Retriever(TOY)  # the rank_bm25 reference, in process
+    remote = RemoteRetriever(server)  # a bare host:port gets /retrieve
+    queries = ["France capital city", "Troy", "", "zebra", "Lyon Rhone", "Paris Paris"]
+    assert remote.url == server + "/retrieve"
+    assert remote.search(queries, 3) == local.search(queries, 3)  # floats survive JSON exactly
+    assert remote(queries, 2) == local(queries, 2) and remote([], 3) == []
+    status, answer = post(server + "/retrieve", {"queries": ["Troy", "zebra"], "topk": 3, "return_scores": True})
+    assert status == 200 and answer == {"result": local.search(["Troy", "zebra"], 3)}
+    # return_scores false: bare documents (Search-R1's own server crashes here), and topk falls back to 3
+    status, answer = post(server + "/retrieve", {"queries": ["France capital city"], "return_scores": False})
+    assert status == 200 and answer == {"result": [[h["document"] for h in local.search(["France capital city"])[0]]]}
+    assert post(server + "/retrieve", {"queries": ["Troy"], "topk": 0})[1]["result"] == [[TOY[5]]]
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "JSONDecodeError"), ({"topk": 3}, "queries"), ({"queries": "Paris"}, "list of strings"),
+    ({"queries": ["a", 3]}, "list of strings"), ({"queries": ["a"], "topk": -2}, "topk"),
+    ({"queries": ["a"], "topk": "3"}, "topk"), ({"queries": ["a"], "return_scores": "yes"}, "return_scores"),
+])
+def test_server_rejects_bad_requests(server, body, message):
+    status, answer = post(server + "/retrieve", body)
+    assert status == 400 and message in answer["error"]
+
+
+def test_client_errors(server):
+    with pytest.raises(ValueError, match="404"):  # the server answered: no retry, a clear message
+        RemoteRetriever(server + "/search", retries=3, backoff=10).search(["Paris"])
+    with pytest.raises(ValueError, match="topk"):
+        RemoteRetriever(server).search(["Paris"], topk=0)
+
+
+def test_server_failure_is_a_500_and_the_client_gives_up():
+    class Broken:
+        def search(self, queries, topk):
+            raise MemoryError("index gone")
+
+    srv = make_server(Broken(), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/retrieve"
+    try:
+        assert post(url, {"queries": ["Paris"]}) == (500, {"error": "MemoryError: index gone"})
+        with pytest.raises(ConnectionError, match="failed after 2 tries.*500"):
+            RemoteRetriever(url, retries=1, backoff=0.01).search(["Paris"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_client_error_when_nothing_listens():
+    with socket.socket() as s:  # a port that was free a moment ago, now closed: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/retrieve"
+    with pytest.raises(ConnectionError, match=r"failed after 3 tries.*retriever\.py serve"):
+        RemoteRetriever(url, retries=2, backoff=0.01).search(["Paris"])
+    with socket.socket() as s:  # a server that accepts connections but never answers: the timeout fires
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(ConnectionError, match="timed out"):
+            RemoteRetriever(f"http://127.0.0.1:{s.getsockname()[1]}", timeout=0.2, retries=0).search(["Paris"])
+
+
+def test_make_retriever_local_and_remote(server, tmp_path):
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    local = make_retriever(path)
+    assert isinstance(local, BM25Retriever) and str(local) == "7 passages (BM25, rank_bm25)"
+    remote = make_retriever(path, server + "/retrieve")
+    assert isinstance(remote, RemoteRetriever) and remote(["Troy"]) == local(["Troy"])
+
+
+def test_serve_cli_bad_corpus_is_one_line():
+    out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", "/nope.jsonl", "--port", "0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "/nope.jsonl" in out.stderr and "Traceback" not in out.stderr

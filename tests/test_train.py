@@ -193,7 +193,7 @@ def test_p24_eval_subset_is_fixed_and_seeded():
     assert table["average"] == {"em": 0.75, "n": 3}  # unweighted mean over sources, as the paper's Avg
 
 
-def teach_to_search(path, questions, steps=100):
+def teach_to_search(path, questions, steps=60):
     """save_tiny's model after `steps` Adam steps of teacher forcing on "<search> {question} </search>" after each
     question's prompt, so that its sampled rollouts do search (the random model almost never emits a valid action)."""
     from rollout import make_prompt
@@ -222,7 +222,8 @@ def teach_to_search(path, questions, steps=100):
 def test_train_same_rewards_in_process_and_served(files):
     """Issue 4 acceptance: one seeded short CPU job, run with the in-process retriever and against `python retriever.py
     serve` on localhost, gives the same rewards, the same metrics and the same trajectories (retrieved passages
-    included); the model is taught to search first, so the retriever really is exercised."""
+    included), and evaluate.py runs against the server too; the model is taught to search first, so the retriever
+    really is exercised."""
     model = teach_to_search(files["dir"] / "searcher", QUESTIONS)
     server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", files["corpus"], "--port", "0"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -240,10 +241,17 @@ def test_train_same_rewards_in_process_and_served(files):
             runs[name] = ([{k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics],
                           (out / "rollouts_step1.jsonl").read_text())
         assert "retriever at " + url in r.stdout  # the second run did use the server
+        out = files["dir"] / "same_served" / "eval.json"  # evaluate.py against the server too
+        r = run("evaluate.py", "--model", model, "--data", files["q"], "--max-turns", "1", "--max-new-tokens", "16",
+                "--out", str(out), "--retriever-url", url, "--corpus", "/nowhere.jsonl")  # the corpus is not read
+        assert r.returncode == 0, r.stderr[-3000:]
+        records = json.loads(out.read_text())["records"]
     finally:
         server.terminate()
         server.wait(timeout=10)
     (local_metrics, local_rollouts), (served_metrics, served_rollouts) = runs["in_process"], runs["served"]
     assert [m["rollout/reward"] for m in local_metrics] == [m["rollout/reward"] for m in served_metrics]
     assert local_metrics == served_metrics and local_rollouts == served_rollouts
-    assert any(m["rollout/searches_per_traj"] > 0 for m in local_metrics) and "<information>Doc 1(Title:" in local_rollouts
+    assert any(m["rollout/searches_per_traj"] > 0 for m in local_metrics)  # the retriever was used ...
+    assert "<information>Doc 1(Title:" in local_rollouts  # ... and found passages
+    assert any(rec["searches"] and "<information>Doc 1(Title:" in rec["text"] for rec in records)
