@@ -46,6 +46,13 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
 
 
+def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
+    """(logp [B, T], entropy [B, T]) from one log_softmax: the two functions above without a second [B, T, V] copy."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V] the memory peak of the update
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Advantages (paper Eq. 1, code compute_grpo_outcome_advantage)
 

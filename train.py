@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from grpo import entropy_from_logits, group_advantages, grpo_loss, logp_from_logits
+from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
 from llds import llds_loss, ma_beta
 from retriever import make_retriever
 from rollout import load_questions, rollout
@@ -214,8 +214,9 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
                 position_ids=batch["position_ids"][rows].to(dev), logits_to_keep=T + 1, use_cache=False)
     logits = out.logits[:, :-1, :vocab_size]  # [b, T, V] position j predicts response token j
     targets = batch["input_ids"][rows][:, -T:].to(dev)  # [b, T]
-    logp = logp_from_logits(logits, targets, temperature)
-    return (logp, entropy_from_logits(logits, temperature)) if with_entropy else (logp, None)
+    if with_entropy:
+        return logp_and_entropy_from_logits(logits, targets, temperature)
+    return logp_from_logits(logits, targets, temperature), None
 
 
 @torch.no_grad()
