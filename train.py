@@ -11,7 +11,8 @@ the second mini-batch on the policy differs from the one that sampled (SPEC P1: 
         --max-new-tokens 64 --max-obs-tokens 160 --mini-batch-size 4 --micro-batch-size 2 --lr 1e-5  # CPU steps
 
 Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text),
-checkpoint/ (save_pretrained, written to a temp folder and renamed). `python train.py --help` lists every option.
+checkpoint/ (save_pretrained + trainer_state.pt, written to a temp folder and renamed). Rerun the same command with
+`--resume <out-dir>` to continue exactly where that checkpoint left off. `python train.py --help` lists every option.
 """
 
 import copy
@@ -89,6 +90,10 @@ class Args:
     """trajectories per optimizer step (paper: 256, so 512 x 5 trajectories give 10 updates per rollout step)"""
     micro_batch_size: int = 8
     """trajectories per forward/backward (gradient accumulation; does not change the gradient, P14)"""
+    grad_ckpt: bool = False
+    """recompute each decoder layer's activations in backward (gradient checkpointing: less memory, ~1.3x compute)"""
+    max_bad_steps: int = 5
+    """stop after this many consecutive optimizer steps skipped for a non-finite loss or grad norm"""
     clip_eps: float = 0.2
     """PPO ratio clip epsilon"""
     kl_coef: float = 0.001
@@ -117,6 +122,8 @@ class Args:
     """trajectories per rollouts file"""
     save_every: int = 0
     """also save a checkpoint every N steps (0: only at the end)"""
+    resume: str = ""
+    """run dir to continue exactly from its checkpoint/ (weights, optimizer, scheduler, RNG, data order, step)"""
 
 
 def parse_args(argv=None) -> Args:
@@ -132,8 +139,10 @@ def parse_args(argv=None) -> Args:
             docs[line.split(":")[0].strip()] = lines[i + 1].strip().strip('"')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Args):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=f.type if f.type in (int, float) else str,
-                        default=f.default, help=f"{docs.get(f.name, '')} (default: {f.default})")
+        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else \
+            {"type": f.type if f.type in (int, float) else str}
+        ap.add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
+                        help=f"{docs.get(f.name, '')} (default: {f.default})")
     args = Args(**vars(ap.parse_args(argv)))
     choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
                "llds_ma": ("off", "code", "paper"), "kl_type": ("k1", "k2", "k3", "low_var_kl"),
@@ -175,6 +184,20 @@ def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer, device
+
+
+def enable_grad_ckpt(model):
+    """Checkpoint each decoder layer with torch's non-reentrant checkpoint, whenever gradients are on.
+
+    NOTE(departure): not model.gradient_checkpointing_enable(): HF checkpoints only in train mode, and the policy
+    stays in eval mode (P18), where that call silently does nothing.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in model.model.layers:
+        def forward(*a, _f=layer.forward, **kw):
+            return checkpoint(_f, *a, use_reentrant=False, **kw) if torch.is_grad_enabled() else _f(*a, **kw)
+        layer.forward = forward
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -234,12 +257,15 @@ def atomic_write(path: Path, text: str):
     os.replace(tmp, path)
 
 
-def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint"):
-    """save_pretrained into <name>.tmp, then swap it in: a kill while saving leaves the previous checkpoint intact."""
+def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint", state: dict | None = None):
+    """save_pretrained (and `state`, for --resume, as trainer_state.pt) into <name>.tmp, then swap it in: a kill while
+    saving leaves the previous checkpoint intact. evaluate.py reads the folder as a plain model."""
     final, tmp, old = out_dir / name, out_dir / f"{name}.tmp", out_dir / f"{name}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if state is not None:
+        torch.save(state, tmp / "trainer_state.pt")
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
@@ -261,6 +287,8 @@ def main(args: Args):
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
     try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
+        ckpt = Path(args.resume) / "checkpoint"
+        state = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False) if args.resume else None
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
@@ -269,6 +297,8 @@ def main(args: Args):
     ref_model = None
     if args.kl_coef != 0.0:  # the frozen initial policy
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    if args.grad_ckpt:
+        enable_grad_ckpt(model)
     vocab_size = len(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay)
     warmup = int(args.warmup_ratio * args.steps)  # stepped once per rollout step, from lr 0 (veRL constant+warmup)
@@ -277,8 +307,16 @@ def main(args: Args):
     print(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters())/1e6:.0f}M "
           f"params on {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
-    history = []
-    for step in tqdm(range(1, args.steps + 1), desc="steps", dynamic_ncols=True):
+    history, start, bad = [], 1, 0  # bad: consecutive skipped optimizer steps
+    if state:  # the reference model above is still the initial one (--model); the policy continues
+        model.load_state_dict(load_policy(str(ckpt), args.dtype, "cpu")[0].state_dict())
+        optimizer.load_state_dict(state["optimizer"]), scheduler.load_state_dict(state["scheduler"])
+        random.setstate(state["rng"][0]), np.random.set_state(state["rng"][1]), torch.set_rng_state(state["rng"][2])
+        if torch.cuda.is_available() and state["rng"][3]:
+            torch.cuda.set_rng_state_all(state["rng"][3])
+        history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
+        print(f"resumed {ckpt} at step {state['step']}")
+    for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True):
         t0 = time.time()
         if len(order) < args.prompts_per_step:
             order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
@@ -303,14 +341,13 @@ def main(args: Args):
 
         # --- updates: sequential mini-batches, gradient accumulation over micro-batches
         B, loss_mask = len(episodes), batch["loss_mask"]
-        sums, grad_norms = {}, []
+        sums, grad_norms, skipped = {}, [], 0
         for m0 in range(0, B, args.mini_batch_size):
             mini = list(range(m0, min(m0 + args.mini_batch_size, B)))
             # NOTE(departure): normalise by the mini-batch's token count; Search-R1 uses each micro-batch's (P14)
             num_tokens = loss_mask[mini].sum().clamp(min=1).item()  # P14: the mini-batch's count, not the micro's
             num_pre = max(int(((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum()), 1)
-            optimizer.zero_grad(set_to_none=True)
-            mb = {}  # this mini-batch's metrics
+            mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss
             for u0 in range(0, len(mini), args.micro_batch_size):
                 rows_ = slice(mini[u0], mini[min(u0 + args.micro_batch_size, len(mini)) - 1] + 1)
                 dev = lambda x: None if x is None else x[rows_].to(device)  # noqa: E731
@@ -323,6 +360,7 @@ def main(args: Args):
                                         norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
                 loss = pg + args.llds * reg  # Eq. 6
                 loss.backward()
+                loss_sum += loss.item()
                 share = loss_mask[rows_].sum().item() / num_tokens  # this micro-batch's share of the mini-batch tokens
                 for k, v in {**m_pg, **m_llds}.items():  # loss terms are already partial sums; means get weighted
                     mb[k] = max(mb.get(k, v), v) if k.endswith("_max") else \
@@ -330,7 +368,13 @@ def main(args: Args):
             for k, v in mb.items():
                 sums.setdefault(k, []).append(v)
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
-            optimizer.step()
+            if np.isfinite(loss_sum) and np.isfinite(grad_norms[-1]):
+                optimizer.step()
+                bad = 0
+            else:  # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
+                skipped, bad = skipped + 1, bad + 1
+                tqdm.write(f"step {step}: non-finite loss {loss_sum} or grad norm {grad_norms[-1]}: update skipped")
+            optimizer.zero_grad(set_to_none=True)
         lr = optimizer.param_groups[0]["lr"]  # the lr this step used
         scheduler.step()
 
@@ -346,6 +390,7 @@ def main(args: Args):
             "rollout/frac_zero_std_groups": float(np.mean([len(set(rewards[i:i + args.group_size].tolist())) == 1
                                                            for i in range(0, B, args.group_size)])),
             "grpo/grad_norm": float(np.mean(grad_norms)),
+            "grpo/skipped_steps": skipped,
             "grpo/lr": lr,
             "diag/logp_correct": masked_mean(old_logp, correct),  # token-mean log-lik. under the rollout policy
             "diag/logp_incorrect": masked_mean(old_logp, loss_mask - correct),
@@ -364,9 +409,15 @@ def main(args: Args):
                      "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
                     for i, e in enumerate(episodes[: args.num_log_rollouts])]
             atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
-        if args.save_every and step % args.save_every == 0:
-            save_checkpoint(model, tokenizer, out_dir)
-    save_checkpoint(model, tokenizer, out_dir)
+        if bad >= args.max_bad_steps:
+            raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
+                             f"skipped (step {step}): the policy collapsed or diverged, see {out_dir}/metrics.jsonl")
+        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                   torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+            save_checkpoint(model, tokenizer, out_dir, state={
+                "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+                "order": order, "bad": bad, "history": history})
     print(f"saved {out_dir / 'checkpoint'}")
 
 

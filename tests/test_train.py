@@ -81,6 +81,8 @@ def test_train_missing_files_are_one_clear_line(files):
     assert r.returncode != 0 and "/nope/corpus.jsonl" in r.stderr and "Traceback" not in r.stderr
     r = run("train.py", "--model", "/nope/model", "--train-data", files["q"], "--corpus", files["corpus"])
     assert r.returncode != 0 and "/nope/model" in r.stderr and "Traceback" not in r.stderr
+    r = run("train.py", "--model", files["model"], "--train-data", files["q"], "--resume", "/nope/run")
+    assert r.returncode != 0 and "/nope/run/checkpoint/trainer_state.pt" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_parse_args_rejects_unknown_choices():
@@ -255,3 +257,119 @@ def test_train_same_rewards_in_process_and_served(files):
     assert any(m["rollout/searches_per_traj"] > 0 for m in local_metrics)  # the retriever was used ...
     assert "<information>Doc 1(Title:" in local_rollouts  # ... and found passages
     assert any(rec["searches"] and "<information>Doc 1(Title:" in rec["text"] for rec in records)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 5: NaN/inf guard, exact resume, gradient checkpointing (main() run in-process on the tiny model)
+
+
+def train_in_process(files, out, *extra):
+    import train
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # far faster for the tiny model on a busy CPU
+    try:
+        train.main(parse_args(["--model", files["model"], "--train-data", files["q"], "--corpus", files["corpus"],
+                               "--out-dir", str(out), "--kl-coef", "0.01", "--llds", "0.1", *SMALL, *extra]))
+    finally:
+        torch.set_num_threads(n)
+    return [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nan_guard_skips_the_update_and_stops_after_k_bad_steps(files, monkeypatch, capsys):
+    """A non-finite loss skips the optimizer step (weights and Adam moments untouched), is counted in
+    grpo/skipped_steps, and K consecutive skips stop the run with a clear message."""
+    import train
+
+    calls, steps_taken, real_loss, real_step = [0], [0], train.grpo_loss, torch.optim.AdamW.step
+    nan_calls = set()
+
+    def nan_loss(*a, **kw):  # 8 trajectories, micro-batches of 2: calls 1-4 are step 1, 5-8 step 2, ...
+        calls[0] += 1
+        pg, m = real_loss(*a, **kw)
+        return (pg * float("nan"), m) if calls[0] in nan_calls else (pg, m)
+
+    def counting_step(self, *a, **kw):
+        steps_taken[0] += 1
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(train, "grpo_loss", nan_loss)
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    nan_calls.update({1, 2, 3, 4})  # step 1's two mini-batches: 2 skips < K = 3, then the run recovers
+    m = train_in_process(files, files["dir"] / "nan1", "--steps", "2", "--max-bad-steps", "3")
+    assert [x["grpo/skipped_steps"] for x in m] == [2, 0] and steps_taken[0] == 2
+    assert "update skipped" in capsys.readouterr().out
+
+    calls[0], steps_taken[0] = 0, 0
+    nan_calls.update(range(100))  # every update is NaN: stop at the end of step 2 (4 consecutive skips >= 3)
+    with pytest.raises(SystemExit, match="4 consecutive optimizer steps had a non-finite loss"):
+        train_in_process(files, files["dir"] / "nan2", "--steps", "5", "--max-bad-steps", "3")
+    m = [json.loads(s) for s in (files["dir"] / "nan2" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["grpo/skipped_steps"] for x in m] == [2, 2] and steps_taken[0] == 0
+
+
+def test_resume_is_exact(files, monkeypatch):
+    """Killed right after the step-2 checkpoint and resumed: step 3 has the same metrics (1e-6) and the same final
+    weights as an uninterrupted 3-step run; metrics.jsonl continues. Sampling (torch RNG), data order, optimizer and
+    scheduler state all matter here: warmup makes the lr step-dependent, and 3 steps x 2 prompts wrap the 3-question
+    epoch."""
+    import train
+    from safetensors.torch import load_file
+
+    flags = ["--steps", "3", "--seed", "3", "--warmup-ratio", "0.5", "--save-every", "2"]
+    full = train_in_process(files, files["dir"] / "full", *flags)
+
+    real_save = train.save_checkpoint
+
+    def save_then_die(*a, **kw):
+        real_save(*a, **kw)
+        raise KeyboardInterrupt  # killed right after the step-2 save
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train_in_process(files, files["dir"] / "cut", *flags)
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    torch.manual_seed(123)  # the resumed run must restore the RNG, not inherit it
+    resumed = train_in_process(files, files["dir"] / "cut", *flags, "--resume", str(files["dir"] / "cut"))
+
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    for a, b in zip(full, resumed):
+        keys = [k for k in a if not k.startswith("perf/")]
+        assert keys == [k for k in b if not k.startswith("perf/")]
+        for k in keys:
+            assert (a[k] is None and b[k] is None) or a[k] == pytest.approx(b[k], abs=1e-6, rel=0), (a["step"], k)
+    w_full = load_file(files["dir"] / "full" / "checkpoint" / "model.safetensors")
+    w_res = load_file(files["dir"] / "cut" / "checkpoint" / "model.safetensors")
+    assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
+    assert full[2]["grpo/lr"] != full[0]["grpo/lr"]  # the schedule was live
+
+
+def test_grad_ckpt_same_gradient_and_really_recomputes():
+    """--grad-ckpt leaves the gradient unchanged (1e-5) in eval mode, and the decoder layers really run again in
+    backward (HF's gradient_checkpointing_enable() would do nothing in eval mode)."""
+    from train import enable_grad_ckpt
+
+    tok = build_tokenizer()
+
+    class E:
+        prompt_ids, response_ids = tok.encode("Where is Paris?"), tok.encode(" In France, on the Seine.")
+        loss_mask = answer_mask = [1] * len(response_ids)
+
+    batch = collate([E(), E()], tok.pad_token_id)
+    grads, attn_calls = [], []
+    for ckpt in (False, True):
+        model = build_model(tok, seed=0)
+        if ckpt:
+            enable_grad_ckpt(model)
+        n = [0]
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: n.__setitem__(0, n[0] + 1))
+        logp, ent = response_logp(model, batch, slice(0, 2), 1.0, len(tok), with_entropy=True)
+        (logp.sum() + ent.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        attn_calls.append(n[0])
+        with torch.no_grad():  # generation / old log-probs: no recompute, no checkpoint overhead
+            response_logp(model, batch, slice(0, 2), 1.0, len(tok))
+        attn_calls[-1] = (attn_calls[-1], n[0])
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
+    assert attn_calls == [(1, 2), (2, 3)]  # with checkpointing the layer ran again in backward
+    assert parse_args(["--grad-ckpt"]).grad_ckpt and not parse_args([]).grad_ckpt
