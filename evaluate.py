@@ -15,7 +15,6 @@ scores as JSON (--out, default <model folder>/eval.json or eval.json).
 
 import argparse
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from tqdm import tqdm
 
 from retriever import make_retriever
 from rollout import load_questions, rollout
-from train import load_policy
+from train import atomic_write, load_policy
 
 
 def select(rows: list[dict], limit: int, seed: int) -> list[dict]:
@@ -96,10 +95,8 @@ def main():
     model_dir = Path(args.model)
     out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"model": args.model, "data": args.data, "limit": args.limit, "seed": args.seed,
-                               "scores": table, "records": records}, indent=1))
-    os.replace(tmp, out)  # atomic: an interrupted run never leaves half a JSON file
+    atomic_write(out, json.dumps({"model": args.model, "data": args.data, "limit": args.limit, "seed": args.seed,
+                                  "scores": table, "records": records}, indent=1))  # never half a JSON file
     print(f"wrote {out}")
 
 

@@ -40,15 +40,13 @@ def logp_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of the temperature-scaled next-token distribution, H = -sum_v p_v log p_v. logits [B, T, V] -> [B, T]."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
-    return -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
-
-
 def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
-    """(logp [B, T], entropy [B, T]) from one log_softmax: the two functions above without a second [B, T, V] copy."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V] the memory peak of the update
+    """(logp [B, T], entropy [B, T]) from one log_softmax, for the update pass that needs both.
+
+    Entropy of the temperature-scaled next-token distribution, H = -sum_v p_v log p_v, in nats. Sharing the
+    log_softmax saves a [B, T, V] copy, the memory peak of the update.
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
 
