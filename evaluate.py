@@ -1,30 +1,75 @@
-"""Evaluate a search agent: greedy Search-R1 rollouts, exact match per data_source and the average.
+"""Evaluate a search agent on the paper's seven benchmarks, and plot a run's training diagnostics.
 
 Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports it: greedy decoding,
-the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3),
-top-3 passages, reward = EM (rollout.em_check) averaged per data_source. Departure: a fixed, seeded
-subset with --limit (PITFALLS P24), so every evaluation of a run scores the same questions.
+the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3), top-3
+passages, score = EM (rollout.em_check, the training reward) per data_source (SPEC B.8). Test sets: FlashRAG's
+nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, split test, else dev (Search-R1
+`qa_search_test_merge.py`). Columns Gen-Avg / MH-Avg / Avg are unweighted means over sources (SPEC Part D).
+Extra columns: token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per question,
+and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
+Departures: 1. a fixed, seeded subset with --limit (PITFALLS P24), so every evaluation of a run scores the same
+questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them as found in any answer; cf. P20).
 
     python evaluate.py --model runs/default/checkpoint --data ../shared/data/hotpotqa_test.jsonl \\
         ../shared/data/musique_test.jsonl --corpus ../shared/data/corpus.jsonl --limit 20
-    python evaluate.py --model Qwen/Qwen2.5-3B --data RUC-NLPIR/FlashRAG_datasets:nq --split test --corpus wiki18.jsonl
+    python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki18.jsonl --compare-paper 3B-Base
+    python evaluate.py plot runs/l0 runs/l02 --out spiral.png     # Fig. 2-style panels from metrics.jsonl
 
-Prints a table (one row per data_source, then the average over sources) and writes the per-question records and
-scores as JSON (--out, default <model folder>/eval.json or eval.json).
+Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
+(--out, default <model folder>/eval.json or eval.json).
 """
 
 import argparse
 import json
+import math
 import random
+import re
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from retriever import make_retriever
-from rollout import load_questions, rollout
+from rollout import em_check, load_questions, normalize_answer, rollout
 from train import atomic_write, load_policy
+
+FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
+BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev", "2wikimultihopqa": "dev",
+              "musique": "dev", "bamboogle": "test"}  # config -> split: test, else dev (the dataset card's splits)
+ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
+           "hotpot": "HotpotQA", "2wikimultihopqa": "2Wiki", "2wiki": "2Wiki", "2wikimqa": "2Wiki",
+           "musique": "Musique", "bamboogle": "Bamb.", "bamb": "Bamb."}  # data_source (lower, [a-z0-9]) -> column
+GEN, MH = ("NQ", "TQA", "PopQA"), ("HotpotQA", "2Wiki", "Musique", "Bamb.")
+COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the paper's column order (SPEC Part D)
+METRICS = ("em", "f1", "sub_em", "searches", "recall")
+
+# Exact match, SPEC Part D 6.1 (Table 1, Qwen2.5-3B) and 6.2 (Table 2, Qwen2.5-7B), in COLUMNS order; "-" = not run.
+# Printed relative gains are left out: 3B-Base +LLDS-MA says "+45.2%", but 0.440 / 0.312 is +41.0% (SPEC footnote).
+PAPER = {
+    "3B Search-R1-PPO-Base": "0.406 0.587 0.435 0.476 0.284 0.273 0.049 0.088 0.174 0.303",
+    "3B Search-R1-PPO-Ins": "0.341 0.545 0.378 0.421 0.324 0.319 0.103 0.264 0.253 0.325",
+    "3B Tree-GRPO": "0.468 0.597 0.436 0.500 0.424 0.437 0.178 0.432 0.368 0.424",
+    "3B-Base Search-R1-GRPO": "0.421 0.583 0.413 0.472 0.297 0.274 0.066 0.128 0.191 0.312",
+    "3B-Base +LLDS": "0.479 0.627 0.453 0.520 0.345 0.323 0.082 0.210 0.240 0.360",
+    "3B-Base +LLDS-MA": "0.483 0.633 0.474 0.530 0.452 0.443 0.197 0.395 0.372 0.440",
+    "3B-Ins Search-R1-GRPO": "0.397 0.565 0.391 0.451 0.331 0.310 0.124 0.232 0.249 0.336",
+    "3B-Ins +LLDS": "0.462 0.627 0.468 0.519 0.443 0.447 0.197 0.444 0.383 0.441",
+    "3B-Ins Search-R1-GSPO": "0.376 0.561 0.374 0.437 0.332 0.329 0.098 0.250 0.252 0.331",
+    "3B-Ins GSPO +LLDS": "0.489 0.640 0.483 0.537 0.466 0.456 0.215 0.403 0.385 0.451",
+    "7B Search-R1-PPO-Base": "0.480 0.638 0.457 0.525 0.433 0.382 0.196 0.432 0.361 0.431",
+    "7B Search-R1-PPO-Ins": "0.393 0.610 0.397 0.467 0.370 0.414 0.146 0.368 0.325 0.385",
+    "7B Tree-GRPO": "0.481 0.633 0.452 0.522 0.446 0.423 0.202 0.440 0.378 0.439",
+    "7B-Base Search-R1-GRPO": "0.395 0.560 0.388 0.448 0.326 0.297 0.125 0.360 0.277 0.350",
+    "7B-Base +LLDS": "0.512 0.672 0.480 0.555 0.486 0.469 0.232 0.508 0.424 0.480",
+    "7B-Ins Search-R1-GRPO": "0.429 0.623 0.427 0.493 0.386 0.346 0.162 0.400 0.324 0.396",
+    "7B-Ins +LLDS (λ=0.3)": "0.518 0.676 0.486 0.560 0.492 0.490 0.228 0.492 0.426 0.483",
+}
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Data
 
 
 def select(rows: list[dict], limit: int, seed: int) -> list[dict]:
@@ -35,28 +80,170 @@ def select(rows: list[dict], limit: int, seed: int) -> list[dict]:
     return [rows[i] for i in keep]
 
 
+def benchmark_names(spec: str) -> list[str]:
+    """"all" or a comma list of FlashRAG config names -> the names (ValueError on an unknown one)."""
+    names = list(BENCHMARKS) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown or not names:
+        raise ValueError(f"--benchmarks: unknown {unknown or spec!r}; choose 'all' or from {', '.join(BENCHMARKS)}")
+    return names
+
+
+def load_benchmark(name: str) -> list[dict]:
+    """One benchmark's test rows from the hub: FLASHRAG config `name`, split test, else dev (BENCHMARKS)."""
+    try:
+        return load_questions(f"{FLASHRAG}:{name}", BENCHMARKS[name])
+    except ConnectionError as err:  # what `datasets` raises offline
+        split = BENCHMARKS[name]
+        raise ConnectionError(f"cannot load {FLASHRAG} config {name!r} split {split!r} ({err}); offline, download "
+                              f"{name}/{split}.jsonl from the hub and pass it with --data") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Metrics (one question; a prediction of None = no <answer>, scores 0 on all)
+
+
+def f1_score(prediction: str | None, golden_answers) -> float:
+    """Token F1 over normalize_answer tokens, max over golds (SQuAD v1.1 / FlashRAG F1_Score).
+
+    F1 = 2 P R / (P + R), P = |common| / |pred tokens|, R = |common| / |gold tokens| (multiset overlap). As FlashRAG
+    (and HotpotQA's official script): a "yes"/"no"/"noanswer" on either side scores 0 unless both are equal.
+    """
+    if prediction is None:
+        return 0.0
+    pred, best = normalize_answer(prediction), 0.0
+    for gold in [golden_answers] if isinstance(golden_answers, str) else golden_answers:
+        g = normalize_answer(gold)
+        if (pred in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")) and pred != g:
+            continue
+        common = sum((Counter(pred.split()) & Counter(g.split())).values())
+        if common:
+            p, r = common / len(pred.split()), common / len(g.split())
+            best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def sub_em(prediction: str | None, golden_answers) -> float:
+    """1.0 if a normalised gold is a substring of the normalised prediction (FlashRAG Sub_ExactMatch), else 0.0."""
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    golds = [normalize_answer(g) for g in ([golden_answers] if isinstance(golden_answers, str) else golden_answers)]
+    return float(any(g and g in pred for g in golds))  # NOTE(departure): a gold normalising to "" never counts (2.)
+
+
+TITLE_RE = re.compile(r'^Doc \d+\(Title: ("[^\n]*?"|[^\n]*?)\) ', re.MULTILINE)  # retriever.format_passages' lines
+
+
+def retrieved_titles(observations: list[str]) -> list[str]:
+    """Titles of all passages in a trajectory's observations ("Doc i(Title: "T") text" lines), outer quotes removed."""
+    titles = [t for obs in observations for t in TITLE_RE.findall(obs)]
+    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] == '"' else t for t in titles]
+
+
+def recall(supporting_titles, titles: list[str]) -> float | None:
+    """Fraction of the gold paragraphs' titles among the retrieved titles (case-insensitive); None if no gold titles."""
+    gold = {" ".join(t.split()).casefold() for t in supporting_titles or []}
+    return len(gold & {" ".join(t.split()).casefold() for t in titles}) / len(gold) if gold else None
+
+
+def _order(src: str):
+    return (COLUMNS.index(src) if src in COLUMNS else len(COLUMNS), src)  # the paper's order, then the others
+
+
+def column(data_source: str) -> str:
+    """A data_source spelling -> the paper's column name ("2wiki", "2WikiMultihopQA" -> "2Wiki"); others unchanged."""
+    return ALIASES.get(re.sub(r"[^a-z0-9]", "", str(data_source).lower()), data_source)
+
+
 def score_table(records: list[dict]) -> dict:
-    """{data_source: {"em": mean EM, "n": count}} plus "average": the unweighted mean over sources (as the paper's Avg)."""
+    """{source: {"n", metric: mean}} for each metric in METRICS the records carry (None = not applicable), keyed by
+    the paper's column name; then "Gen-Avg" / "MH-Avg" (with the "sources" they cover) and "average" (the paper's Avg):
+    unweighted means over the sources present, with "n" the questions they hold."""
     by_src = {}
     for r in records:
-        by_src.setdefault(r["data_source"], []).append(r["em"])
-    table = {s: {"em": sum(v) / len(v), "n": len(v)} for s, v in sorted(by_src.items())}
-    if table:
-        table["average"] = {"em": sum(t["em"] for t in table.values()) / len(table), "n": len(records)}
+        by_src.setdefault(column(r["data_source"]), []).append(r)
+    table = {}
+    for src, rs in sorted(by_src.items(), key=lambda kv: _order(kv[0])):
+        table[src] = {"n": len(rs)}
+        for m in METRICS:
+            vals = [r[m] for r in rs if r.get(m) is not None]
+            if vals:
+                table[src][m] = sum(vals) / len(vals)
+    sources = list(table)
+    for name, group in (("Gen-Avg", GEN), ("MH-Avg", MH), ("average", None)):
+        srcs = [s for s in sources if group is None or s in group]  # "average": every source, as the paper's Avg
+        if srcs:
+            avg = {"n": sum(table[s]["n"] for s in srcs)} | ({"sources": srcs} if group else {})
+            for m in METRICS:
+                vals = [table[s][m] for s in srcs if m in table[s]]
+                if vals:
+                    avg[m] = sum(vals) / len(vals)
+            table[name] = avg
     return table
 
 
-def main():
+# ----------------------------------------------------------------------------------------------------------------------
+# Printing
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def table_lines(table: dict, topk: int = 3) -> list[str]:
+    """The score table as text: one row per source, then the averages, each naming the sources it covers."""
+    lines = [f"{'data_source':<14}{'n':>6}{'EM':>8}{'F1':>8}{'sub-EM':>8}{'search/q':>10}{f'recall@{topk}':>10}"]
+    for src, t in table.items():
+        group = GEN if src == "Gen-Avg" else MH if src == "MH-Avg" else ()
+        missing = [c for c in group if c not in t["sources"]]
+        note = f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})" if missing else ""
+        lines.append(f"{src:<14}{t['n']:>6}" + "".join(f"{_fmt(t.get(m)):>{w}}" for m, w in
+                     (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10), ("recall", 10))) + note)
+    return lines
+
+
+def paper_row(label: str) -> list[float | None]:
+    """PAPER[label] as 10 numbers in COLUMNS order (None for '-')."""
+    return [None if v in "-–" else float(v) for v in PAPER[label].split()]
+
+
+def compare_lines(table: dict, which: str = "") -> list[str]:
+    """Our EM beside the paper's rows whose label contains `which` (all if ""), in the paper's column order. Our Gen /
+    MH / Avg are means over the paper's sources we ran; a '*' marks one that misses some of them."""
+    em = {c: table[c]["em"] for c in GEN + MH if "em" in table.get(c, {})}
+
+    def mean(cols):  # (value, partial)
+        vals = [em[c] for c in cols if c in em]
+        return (sum(vals) / len(vals), len(vals) < len(cols)) if vals else (None, False)
+
+    ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH), "Avg": mean(GEN + MH)}
+    lines = [f"{'EM':<24}" + "".join(f"{c:>9}" for c in COLUMNS)]
+    lines += [f"{k:<24}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in PAPER if which.lower() in k.lower()]
+    lines.append(f"{'ours':<24}" + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS)))
+    if any(partial for _, partial in ours.values()):
+        lines.append("* ours: mean over the sources we ran only (the paper's covers all of them)")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def main(argv=None):
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         pass  # keep the docstring's layout and show every default
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
     ap.add_argument("--model", required=True, help="checkpoint folder, hub id or .gguf file")
-    ap.add_argument("--data", nargs="+", required=True, help="question files (.jsonl/.parquet) or hub ids[:config]")
-    ap.add_argument("--split", default="test", help="split for hub datasets")
+    ap.add_argument("--data", nargs="*", default=[], help="question files (.jsonl/.parquet) or hub ids[:config]")
+    ap.add_argument("--benchmarks", default="", help=f"'all' or a comma list of {', '.join(BENCHMARKS)} ({FLASHRAG})")
+    ap.add_argument("--split", default="test", help="split for hub ids given with --data")
+    ap.add_argument("--compare-paper", nargs="?", const="", default=None, metavar="ROWS",
+                    help="print the paper's EM rows (label containing ROWS, e.g. 3B-Ins; all if empty) beside ours")
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
-    ap.add_argument("--limit", type=int, default=0, help="questions per file, a fixed seeded subset (0: all)")
+    ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     ap.add_argument("--max-turns", type=int, default=4, help="search budget (the paper evaluates with 4)")
     ap.add_argument("--max-new-tokens", type=int, default=500, help="tokens per generation turn")
@@ -66,39 +253,182 @@ def main():
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json (or ./eval.json for a hub id)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     try:  # bad input: one clear line naming the file/line/field
-        rows = [r for d in args.data for r in select(load_questions(d, args.split), args.limit, args.seed)]
+        if not args.data and not args.benchmarks:
+            raise ValueError("give question files with --data and/or --benchmarks (e.g. --benchmarks all)")
+        sets = [load_questions(d, args.split) for d in args.data]
+        sets += [load_benchmark(b) for b in (benchmark_names(args.benchmarks) if args.benchmarks else [])]
+        rows = [r for s in sets for r in select(s, args.limit, args.seed)]
         retriever = make_retriever(args.corpus, args.retriever_url)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
 
-    t0, records = time.time(), []
-    for i in tqdm(range(0, len(rows), args.batch_size), desc="evaluating", unit="batch", dynamic_ncols=True):
-        with torch.no_grad():
-            episodes = rollout(model, tokenizer, rows[i:i + args.batch_size], retriever, group_size=1,
-                               max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                               max_obs_tokens=args.max_obs_tokens, topk=args.topk, do_sample=False,
-                               gen_batch_size=args.batch_size)
-        records += [{"question": e.question, "golden_answers": e.golden_answers, "data_source": e.data_source,
-                     "answer": e.answer, "em": e.reward, "searches": e.num_searches, "text": e.text} for e in episodes]
+    t0, records, bar = time.time(), [], tqdm(total=len(rows), desc="evaluating", unit="q", dynamic_ncols=True)
+    for i in range(0, len(rows), args.batch_size):
+        batch = rows[i:i + args.batch_size]
+        with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
+            episodes = rollout(model, tokenizer, batch, retriever, group_size=1, max_turns=args.max_turns,
+                               max_new_tokens=args.max_new_tokens, max_obs_tokens=args.max_obs_tokens, topk=args.topk,
+                               do_sample=False, gen_batch_size=args.batch_size)
+        for row, e in zip(batch, episodes):
+            titles = retrieved_titles(e.retrieved)
+            records.append({"id": row.get("id"), "question": e.question, "golden_answers": e.golden_answers,
+                            "data_source": e.data_source, "answer": e.answer,
+                            "em": em_check(e.answer, e.golden_answers),  # = e.reward, the training reward
+                            "f1": f1_score(e.answer, e.golden_answers), "sub_em": sub_em(e.answer, e.golden_answers),
+                            "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
+                            "searches": e.num_searches, "retrieved_titles": titles, "text": e.text})
+        bar.update(len(batch))
+    bar.close()
 
     table = score_table(records)
-    print(f"\n{'data_source':<14}{'n':>6}{'EM':>8}")
-    for src, t in table.items():
-        print(f"{src:<14}{t['n']:>6}{t['em']:>8.3f}")
-    searches = sum(r["searches"] for r in records) / max(len(records), 1)
-    print(f"({len(records)} questions, {searches:.2f} searches/question, {time.time() - t0:.0f}s)")
+    print("\n" + "\n".join(table_lines(table, args.topk)))
+    print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, {time.time() - t0:.0f}s)")
+    if args.compare_paper is not None:
+        print("\n" + "\n".join(compare_lines(table, args.compare_paper)))
 
     model_dir = Path(args.model)
     out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, json.dumps({"model": args.model, "data": args.data, "limit": args.limit, "seed": args.seed,
+    atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
+                                  "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
                                   "scores": table, "records": records}, indent=1))  # never half a JSON file
     print(f"wrote {out}")
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Plot: a run's death-spiral diagnostics (v2 Sec. 5.1, Fig. 2 / 4 / 8 / 9b) from train.py's metrics.jsonl
+
+PANELS = (  # (title, y label, ((metrics key, line style, legend suffix), ...))
+    ("Reward", "EM reward, mean over trajectories", (("rollout/reward", "-", ""),)),
+    ("Log-likelihood of responses", "log π (nats / token)",
+     (("diag/logp_correct", "-", "correct"), ("diag/logp_incorrect", ":", "incorrect"))),
+    ("Per-step change, correct responses", "Δ log π (nats / response)", (("diag/delta_correct", "-", ""),)),
+    ("Gradient norm", "pre-clip L2 norm (log scale)", (("grpo/grad_norm", "-", ""),)),
+    ("Entropy", "nats / token", (("grpo/entropy", "-", ""),)),
+    ("LLDS gate rate", "fraction of units gated", (("llds/gate_rate", "-", ""),)),
+    ("LLDS penalty", "loss value, before λ", (("llds/penalty", "-", ""),)),
+    ("Searches", "searches / trajectory", (("rollout/searches_per_traj", "-", ""),)),
+)
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The step records of RUN_DIR/metrics.jsonl. FileNotFoundError if absent; ValueError naming file:line if a line
+    is not a JSON object with a numeric "step", or if there is no step at all."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir} (is it a train.py --out-dir?)")
+    history = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                m = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not valid JSON: {err.msg}") from None
+            if not isinstance(m, dict) or not _num(m.get("step")):
+                raise ValueError(f"{path}:{n}: expected a JSON object with a numeric 'step'")
+            history.append(m)
+    if not history:
+        raise ValueError(f"{path}: empty, no step logged yet")
+    return history
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def series(history: list[dict], key: str) -> tuple[list, list]:
+    """(steps, values) of `key`, skipping steps where it is missing, null, non-numeric or not finite."""
+    pts = [(m["step"], m[key]) for m in history if _num(m.get(key))]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def run_label(run_dir) -> str:
+    """"runs/l0 (λ=0)": the run folder and its args.json `llds` (lambda), when there is one."""
+    try:
+        return f"{run_dir} (λ={json.loads((Path(run_dir) / 'args.json').read_text())['llds']:g})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(run_dir)
+
+
+def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
+    """Overlay the runs on PANELS; star the steps with an LLD alarm (alarm/phase, llds.lld_alarm) on the likelihood
+    panel, name each new phase, and line its first step on every panel. Writes a PNG to `out` and returns its path."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    if labels and len(labels) != len(run_dirs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
+    runs = [(labels[i] if labels else run_label(d), read_metrics(d)) for i, d in enumerate(run_dirs)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), sharex=True, layout="constrained")
+    for ax, (title, ylabel, lines) in zip(axes.flat, PANELS):
+        for i, (label, history) in enumerate(runs):
+            for key, style, part in lines:
+                xs, ys = series(history, key)
+                if xs:  # dots too on short runs, where a line alone hides single steps
+                    ax.plot(xs, ys, style, color=colors[i % len(colors)], lw=1.6, label=f"{label} {part}".strip(),
+                            marker="o" if len(xs) <= 20 else None, ms=3)
+        if not ax.lines:  # e.g. diag/delta_correct in runs from before it was logged
+            ax.text(0.5, 0.5, "not logged in these runs:\n" + "\n".join(k for k, _, _ in lines), ha="center",
+                    va="center", transform=ax.transAxes, color="gray")
+        elif title == "Gradient norm" and all(y > 0 for ln in ax.lines for y in ln.get_ydata()):
+            ax.set_yscale("log")  # the collapse spikes the norm by orders of magnitude
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ll = axes.flat[1]
+    for i, (label, history) in enumerate(runs):
+        color, logp = colors[i % len(colors)], dict(zip(*series(history, "diag/logp_correct")))
+        flagged = [(m["step"], m["alarm/phase"]) for m in history if isinstance(m.get("alarm/phase"), str)
+                   and m["alarm/phase"]]
+        dots = [(s, logp[s]) for s, _ in flagged if s in logp]
+        if dots:
+            ll.plot(*zip(*dots), "o", color="red", ms=4, label=f"{label}: LLD alarm")
+        for k, (step, phase) in enumerate(flagged):
+            if k == 0 or flagged[k - 1][1] != phase:  # a new phase starts here: star, line and name
+                if step in logp:
+                    ll.plot(step, logp[step], "*", color="red", mec="black", ms=14)
+                for ax in axes.flat:
+                    ax.axvline(step, color=color, ls="--", lw=0.8, alpha=0.6)
+                for ax in axes.flat[:2]:
+                    ax.text(step, 0.02, f" {phase}", transform=ax.get_xaxis_transform(), rotation=90, va="bottom",
+                            ha="right", fontsize=8, color="red")
+    for ax in axes.flat[:2]:
+        if ax.lines:
+            ax.legend(fontsize=8, loc="best")
+    fig.suptitle("LLD death-spiral diagnostics (cf. arXiv 2512.04220, Fig. 2): " + ", ".join(l for l, _ in runs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_main(argv: list[str]):
+    ap = argparse.ArgumentParser(prog="evaluate.py plot", description="Fig. 2-style panels of train.py runs")
+    ap.add_argument("run_dirs", nargs="+", help="train.py --out-dir folders (each with metrics.jsonl)")
+    ap.add_argument("--out", help="PNG path (default: RUN_DIR/diagnostics.png for one run, else ./diagnostics.png)")
+    ap.add_argument("--labels", nargs="+", help="legend label per run (default: folder and its λ)")
+    args = ap.parse_args(argv)
+    out = args.out or (Path(args.run_dirs[0]) / "diagnostics.png" if len(args.run_dirs) == 1 else "diagnostics.png")
+    try:
+        print(f"wrote {plot_runs(args.run_dirs, out, args.labels)}")
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
 if __name__ == "__main__":
-    main()
+    plot_main(sys.argv[2:]) if sys.argv[1:2] == ["plot"] else main()

@@ -116,11 +116,14 @@ def _check_row(row, where: str) -> dict:
         raise ValueError(f"{where}: missing field 'golden_answers'")
     if len(golds) == 0 or not all(isinstance(g, str) for g in golds):
         raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings, got {golds!r}")
-    return {"question": row["question"], "golden_answers": list(golds), "data_source": row.get("data_source")}
+    out = {"question": row["question"], "golden_answers": list(golds), "data_source": row.get("data_source")}
+    # FlashRAG's optional fields travel for evaluation (metadata.supporting_titles -> retrieval recall); never prompted
+    return out | {k: row[k] for k in ("id", "metadata") if row.get(k) is not None}
 
 
 def load_questions(source: str, split: str = "train") -> list[dict]:
-    """Question rows {"question", "golden_answers", "data_source"} from a local .jsonl / .parquet file or the hub.
+    """Question rows {"question", "golden_answers", "data_source"} (plus "id" and "metadata" when the row has them)
+    from a local .jsonl / .parquet file or the hub.
 
     source: a file path, or a hub dataset id with an optional config after a colon (e.g.
     "RUC-NLPIR/FlashRAG_datasets:hotpotqa", "PeterJinGo/nq_hotpotqa_train"), loaded with `datasets` (users with
@@ -259,6 +262,7 @@ class Episode:
     answer: str | None = None
     reward: float = 0.0
     num_searches: int = 0  # searches executed
+    retrieved: list = field(default_factory=list)  # the retriever's formatted passages, one str per executed search
     num_turns: int = 0  # generation calls
     num_valid_actions: int = 0
     ended_on_eos: bool = False
@@ -370,6 +374,7 @@ def rollout(
                 e.loss_mask += [0] * len(obs)  # NOTE(departure): 0 on all obs ids, tags too; no decode/regex (P6)
                 e.answer_mask += [0] * len(obs)
                 e.num_searches += 1
+                e.retrieved.append(d)  # evaluate.py reads the passage titles from it (retrieval recall)
 
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)

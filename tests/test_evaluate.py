@@ -1,0 +1,317 @@
+"""Tests for evaluate.py: the metrics (EM / F1 / sub-EM / retrieval recall) on hand-made cases, the per-source table
+and its Gen / MH / Avg columns, the paper's stored numbers, the benchmark loader, the plot command and bad input.
+CPU only, no network, a few seconds (one short subprocess)."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SPEC = ROOT.parent / "shared" / "SPEC.md"
+
+import evaluate as E  # noqa: E402
+from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
+from rollout import em_check, load_questions, rollout  # noqa: E402
+from test_rollout import ScriptedPolicy  # noqa: E402
+from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Metrics
+
+
+def test_f1_hand_cases():
+    # "the Eiffel tower" -> [eiffel, tower]; "Eiffel Tower in Paris" -> [eiffel, tower, in, paris]:
+    # 2 common, P = 2/2, R = 2/4, F1 = 2 * 1 * 0.5 / 1.5 = 2/3
+    assert E.f1_score("the Eiffel tower", ["Eiffel Tower in Paris"]) == pytest.approx(2 / 3)
+    # max over golds: vs "Lyon" 0; vs "Paris": P = 1/2, R = 1, F1 = 2/3
+    assert E.f1_score("Paris France", ["Lyon", "Paris"]) == pytest.approx(2 / 3)
+    # multiset overlap: [new, new, york] vs [new, york]: common = 1 new + 1 york = 2, P = 2/3, R = 1, F1 = 0.8
+    assert E.f1_score("new new york", "New York") == pytest.approx(0.8)
+    assert E.f1_score("Yes.", ["yes"]) == 1.0
+    assert E.f1_score("yes it is", ["yes"]) == 0.0  # FlashRAG / HotpotQA: yes/no only counts when exact
+    assert E.f1_score("no", ["no way out"]) == 0.0
+    assert E.f1_score("Lyon", ["Paris"]) == 0.0 and E.f1_score("", ["Paris"]) == 0.0
+
+
+def test_sub_em_hand_cases():
+    assert E.sub_em("It is in Paris, France.", ["Lyon", "paris"]) == 1.0
+    assert E.sub_em("Lyon", ["Paris"]) == 0.0
+    assert E.sub_em("comparison", ["Paris"]) == 1.0  # a character substring, as FlashRAG (not whole words)
+    assert E.sub_em("anything at all", ["The"]) == 0.0  # departure 2: a gold that normalises to "" never counts
+    assert E.sub_em("Eiffel Tower", ["the Eiffel Tower in Paris"]) == 0.0  # the gold must sit in the answer
+
+
+def test_no_answer_scores_zero_and_em_is_the_training_reward():
+    for metric in (em_check, E.f1_score, E.sub_em):
+        assert metric(None, ["Paris"]) == 0.0
+    assert em_check("the Eiffel Tower", ["Eiffel Tower"]) == 1.0
+    # a longer answer: EM 0, sub-EM 1, F1 = 2 * (2/3) * 1 / (2/3 + 1) = 0.8
+    assert em_check("Eiffel Tower Paris", ["Eiffel Tower"]) == 0.0
+    assert E.sub_em("Eiffel Tower Paris", ["Eiffel Tower"]) == 1.0
+    assert E.f1_score("Eiffel Tower Paris", "Eiffel Tower") == pytest.approx(0.8)
+
+
+def test_retrieved_titles_and_recall_on_hand_made_observations():
+    obs = ['Doc 1(Title: "Eve Beglarian") Eve Beglarian is a composer (born 1958).\n'
+           'Doc 2(Title: "Ew! (song)") A song (2014) by Jimmy Fallon.\n',
+           'Doc 1(Title: Zach Bogosian) An ice hockey player.\nDoc 2(Title: ""Weird Al" Yankovic") A musician.\n']
+    titles = E.retrieved_titles(obs)
+    assert titles == ["Eve Beglarian", "Ew! (song)", "Zach Bogosian", '"Weird Al" Yankovic']
+    assert E.recall(["Eve Beglarian", "Jimmy Fallon"], titles) == 0.5  # 1 of 2 gold paragraphs retrieved
+    assert E.recall(["eve  beglarian", "Zach Bogosian", '"Weird Al" Yankovic'], titles) == 1.0
+    assert E.recall([], titles) is None and E.recall(None, titles) is None  # nothing to recall: not scored
+    assert E.recall(["Jimmy Fallon"], []) == 0.0
+    assert E.retrieved_titles(["Jimmy Fallon wrote Doc 1(Title: x) inline"]) == []  # only passage lines count
+
+
+def test_rollout_records_what_the_retriever_returned():
+    """Episode.retrieved holds each search's passages (retriever.format_passages text), not the model's own words."""
+    tok = build_tokenizer()
+    corpus = [{"id": "0", "contents": '"Eve Beglarian"\nEve Beglarian is an American composer.'},
+              {"id": "1", "contents": '"Zach Bogosian"\nZach Bogosian is an ice hockey player.'}] + DEMO_CORPUS
+    q = "Are Eve Beglarian and Zach Bogosian both of Armenian descent"
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    script = {q: [enc("<search> Eve Beglarian composer </search>"), enc("Doc 9(Title: Fake) <answer> yes </answer>")]}
+    ep, = rollout(build_model(tok, seed=0), tok, [{"question": q, "golden_answers": ["yes"]}], BM25Retriever(corpus),
+                  group_size=1, max_turns=2, max_new_tokens=40, topk=1, logits_processor=[ScriptedPolicy(tok, script)])
+    assert ep.num_searches == 1 and len(ep.retrieved) == 1 and ep.reward == 1.0
+    assert E.retrieved_titles(ep.retrieved) == ["Eve Beglarian"]  # the model's "Doc 9(Title: Fake)" is not counted
+    assert E.recall(["Eve Beglarian", "Zach Bogosian"], E.retrieved_titles(ep.retrieved)) == 0.5
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Table and averages
+
+
+def test_column_names_follow_the_paper():
+    assert [E.column(s) for s in ("nq", "2wiki", "2WikiMultihopQA", "trivia_qa", "Bamboogle", "toy")] == \
+        ["NQ", "2Wiki", "2Wiki", "TQA", "Bamb.", "toy"]
+
+
+def test_score_table_averages_with_missing_sources():
+    recs = [{"data_source": "nq", "em": 1.0, "f1": 1.0, "sub_em": 1.0, "searches": 1, "recall": None},
+            {"data_source": "nq", "em": 0.0, "f1": 0.5, "sub_em": 1.0, "searches": 2, "recall": None},
+            {"data_source": "triviaqa", "em": 0.0, "f1": 0.0, "sub_em": 0.0, "searches": 0, "recall": None},
+            {"data_source": "hotpotqa", "em": 1.0, "f1": 1.0, "sub_em": 1.0, "searches": 2, "recall": 0.5},
+            {"data_source": "2wiki", "em": 0.0, "f1": 0.0, "sub_em": 0.0, "searches": 1, "recall": 1.0},
+            {"data_source": "2wikimultihopqa", "em": 1.0, "f1": 1.0, "sub_em": 1.0, "searches": 3, "recall": 0.0},
+            {"data_source": "toy", "em": 1.0, "f1": 1.0, "sub_em": 1.0, "searches": 0, "recall": None}]
+    t = E.score_table(recs)
+    assert list(t) == ["NQ", "TQA", "HotpotQA", "2Wiki", "toy", "Gen-Avg", "MH-Avg", "average"]  # paper order first
+    assert t["NQ"] == {"n": 2, "em": 0.5, "f1": 0.75, "sub_em": 1.0, "searches": 1.5}  # no recall: no gold titles
+    assert t["2Wiki"]["n"] == 2 and t["2Wiki"]["recall"] == 0.5  # both spellings are one source
+    # Gen-Avg = mean(NQ 0.5, TQA 0.0) = 0.25; MH-Avg = mean(HotpotQA 1.0, 2Wiki 0.5) = 0.75;
+    # Avg = mean over the 5 sources (0.5 + 0 + 1 + 0.5 + 1) / 5 = 0.6, unweighted (7 questions would give 4/7)
+    assert t["Gen-Avg"]["em"] == 0.25 and t["Gen-Avg"]["sources"] == ["NQ", "TQA"] and t["Gen-Avg"]["n"] == 3
+    assert t["MH-Avg"]["em"] == 0.75 and t["MH-Avg"]["recall"] == 0.5  # mean(HotpotQA 0.5, 2Wiki 0.5)
+    assert t["average"]["em"] == pytest.approx(0.6) and t["average"]["n"] == 7
+    text = "\n".join(E.table_lines(t))
+    assert "not run: PopQA" in text and "not run: Musique, Bamb." in text
+    assert re.search(r"^NQ\s+2\s+0\.500\s+0\.750\s+1\.000\s+1\.500\s+–$", text, re.M), text
+
+
+def test_score_table_only_em_keeps_the_old_shape():
+    t = E.score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0},
+                       {"data_source": "b", "em": 1.0}])
+    assert t == {"a": {"n": 2, "em": 0.5}, "b": {"n": 1, "em": 1.0}, "average": {"n": 3, "em": 0.75}}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The paper's numbers
+
+
+def test_paper_rows_are_self_consistent():
+    """Gen = mean(NQ, TQA, PopQA), MH = mean of the 4 multi-hop sets, Avg = mean of all 7, to +-0.002 (rounding).
+    All stored rows pass; the largest gap is 0.0005 (the footnoted 3B-Base +LLDS-MA Avg 0.440 = 3.077 / 7 holds: only
+    its printed gain "+45.2%" is off)."""
+    for label in E.PAPER:
+        v = E.paper_row(label)
+        assert len(v) == len(E.COLUMNS) == 10 and None not in v, label
+        nq, tqa, pop, gen, hot, wiki, mus, bam, mh, avg = v
+        assert abs(gen - (nq + tqa + pop) / 3) <= 0.002, label
+        assert abs(mh - (hot + wiki + mus + bam) / 4) <= 0.002, label
+        assert abs(avg - (nq + tqa + pop + hot + wiki + mus + bam) / 7) <= 0.002, label
+    assert E.paper_row("3B-Ins +LLDS")[9] == 0.441 and E.paper_row("7B-Ins +LLDS (λ=0.3)")[0] == 0.518
+
+
+@pytest.mark.skipif(not SPEC.exists(), reason="needs ../shared/SPEC.md")
+def test_paper_rows_are_copied_exactly_from_spec():
+    spec = {}
+    for line in SPEC.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 11 and re.match(r"0\.\d{3}", cells[1]):
+            numbers = " ".join(c.split()[0] for c in cells[1:])  # "0.440 (+45.2%)*" -> "0.440"
+            spec.setdefault(re.sub(r"[*♢△]", "", cells[0]).strip(), []).append(numbers)
+    for label, numbers in E.PAPER.items():
+        size = re.match(r"(3B|7B) ", label)  # "3B Tree-GRPO" is Table 1's "Tree-GRPO", "7B Tree-GRPO" Table 2's
+        if size:
+            assert spec[label[3:]][["3B", "7B"].index(size.group(1))] == numbers, label
+        else:
+            assert numbers in spec[label], label
+
+
+def test_compare_lines_puts_our_row_under_the_papers():
+    row = E.paper_row("3B-Ins +LLDS")
+    full = E.score_table([{"data_source": c, "em": v} for c, v in zip(E.COLUMNS, row) if c not in ("Gen", "MH", "Avg")])
+    lines = E.compare_lines(full, "3B-Ins +LLDS")
+    assert lines[0].split()[1:] == list(E.COLUMNS) and lines[1].startswith("3B-Ins +LLDS ")
+    ours = lines[-1].split()[1:]
+    assert lines[-1].startswith("ours") and ours == lines[1].split()[-10:]  # same numbers, nothing partial
+    part = E.compare_lines(E.score_table([{"data_source": "hotpotqa", "em": 0.5}, {"data_source": "nq", "em": 0.25}]))
+    assert len(part) == 2 + len(E.PAPER) + 1
+    assert part[-2].split()[1:] == ["0.250", "–", "–", "0.250*", "0.500", "–", "–", "–", "0.500*", "0.375*"]
+    assert part[-1].startswith("*")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Data: benchmarks and bad input
+
+
+def test_benchmarks_load_test_else_dev(monkeypatch):
+    calls = []
+    monkeypatch.setattr(E, "load_questions", lambda src, split: calls.append((src, split)) or [])
+    for name in E.benchmark_names("all"):
+        E.load_benchmark(name)
+    assert calls == [("RUC-NLPIR/FlashRAG_datasets:nq", "test"), ("RUC-NLPIR/FlashRAG_datasets:triviaqa", "test"),
+                     ("RUC-NLPIR/FlashRAG_datasets:popqa", "test"), ("RUC-NLPIR/FlashRAG_datasets:hotpotqa", "dev"),
+                     ("RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa", "dev"),
+                     ("RUC-NLPIR/FlashRAG_datasets:musique", "dev"), ("RUC-NLPIR/FlashRAG_datasets:bamboogle", "test")]
+    assert E.benchmark_names(" nq, musique ") == ["nq", "musique"]
+    with pytest.raises(ValueError, match="unknown.*2wiki.*choose"):
+        E.benchmark_names("nq,2wiki")
+
+    def offline(src, split):
+        raise ConnectionError("Couldn't reach 'RUC-NLPIR/FlashRAG_datasets' on the Hub")
+
+    monkeypatch.setattr(E, "load_questions", offline)
+    with pytest.raises(ConnectionError, match=r"musique.*'dev'.*pass it with --data"):
+        E.load_benchmark("musique")
+
+
+def test_rows_keep_id_and_metadata(tmp_path):
+    f = tmp_path / "hotpotqa_test.jsonl"
+    row = {"id": "5ab9", "question": "q?", "golden_answers": ["yes"], "data_source": "hotpotqa",
+           "metadata": {"type": "comparison", "supporting_titles": ["Eve Beglarian", "Zach Bogosian"]}}
+    f.write_text(json.dumps(row) + "\n" + json.dumps({"question": "r?", "golden_answers": ["no"]}) + "\n")
+    first, second = load_questions(str(f))
+    assert first == row and second == {"question": "r?", "golden_answers": ["no"], "data_source": "hotpotqa"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"question": "q?", "golden_answers": ["a"]}\n{"question": "no gold"}\n', ":2: missing field 'golden_answers'"),
+    ('{"question": "q?", "golden_answers": ["a"]}\n\n{"golden_answers": ["a"]}\n',
+     ":3: missing or empty field 'question'"),  # line numbers count blank lines
+    ("", "no questions"),
+])
+def test_bad_question_file_is_one_clear_error(tmp_path, text, message):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text)
+    with pytest.raises(SystemExit, match=re.escape(f"error: {f}") + ".*" + re.escape(message)):
+        E.main(["--model", "never/loaded", "--data", str(f)])
+
+
+def test_eval_needs_data_and_names_bad_benchmarks():
+    with pytest.raises(SystemExit, match="--data and/or --benchmarks"):
+        E.main(["--model", "never/loaded"])
+    with pytest.raises(SystemExit, match="unknown.*'wikiqa'"):
+        E.main(["--model", "never/loaded", "--benchmarks", "nq,wikiqa"])
+
+
+def test_eval_end_to_end_on_the_tiny_model(tmp_path, capsys):
+    model = save_tiny(tmp_path / "model")
+    rows = [{"id": "h1", "question": "Where is the Eiffel Tower", "golden_answers": ["Paris"],
+             "data_source": "hotpotqa", "metadata": {"supporting_titles": ["Eiffel Tower"]}},
+            {"question": "What is the capital of Germany", "golden_answers": ["Berlin"], "data_source": "nq"}]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "0", "contents": '"Eiffel Tower"\nIt is in Paris.'}) + "\n")
+    out = tmp_path / "eval.json"
+    E.main(["--model", model, "--data", str(tmp_path / "q.jsonl"), "--corpus", str(tmp_path / "c.jsonl"),
+            "--max-turns", "1", "--max-new-tokens", "6", "--batch-size", "1", "--out", str(out), "--compare-paper",
+            "7B-Base"])
+    printed = capsys.readouterr().out
+    assert "MH-Avg" in printed and "7B-Base +LLDS" in printed and "3B-Base" not in printed
+    res = json.loads(out.read_text())
+    by_id = {r["id"]: r for r in res["records"]}
+    assert set(by_id) == {"h1", None} and by_id["h1"]["recall"] is not None and by_id[None]["recall"] is None
+    for r in res["records"]:
+        assert {"em", "f1", "sub_em", "recall", "searches", "retrieved_titles", "answer", "text"} <= set(r)
+    assert res["scores"]["HotpotQA"]["n"] == 1 and res["scores"]["average"]["n"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Plot
+
+
+def fake_run(path, steps=40, llds=0.0, collapse_at=24, with_delta=True):
+    """A run dir as train.py writes it: args.json and one metrics line per step, with a death spiral after
+    `collapse_at` when llds == 0 (alarm/phase set from 6 steps before), nulls every 7th step and a non-number."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "args.json").write_text(json.dumps({"llds": llds}))
+    lines = []
+    for s in range(1, steps + 1):
+        t = max(0, s - collapse_at) if llds == 0 else 0
+        m = {"step": s, "rollout/reward": min(0.5, 0.02 * s) * math.exp(-0.15 * t),
+             "diag/logp_correct": None if s % 7 == 0 else -0.3 - 0.002 * s - 0.02 * t ** 1.5,
+             "diag/logp_incorrect": -0.5 - 0.004 * s, "grpo/grad_norm": 0.3 + (5.0 if t > 10 else 0.0),
+             "grpo/entropy": 0.6 + 0.05 * t, "llds/gate_rate": 0.2 if llds else 0.0, "llds/penalty": 0.01 * (llds > 0),
+             "rollout/searches_per_traj": "n/a" if s == 5 else 1.0,
+             "alarm/phase": "" if llds or s <= collapse_at - 6 else "stagnation" if t == 0 else "steady decay" if t < 8
+             else "acceleration"}
+        if with_delta:
+            m["diag/delta_correct"] = None if s % 7 == 0 else 0.5 - 0.08 * t ** 1.3
+        lines.append(json.dumps(m))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def png_size(path):
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_series_skips_null_and_non_numbers(tmp_path):
+    h = E.read_metrics(fake_run(tmp_path / "r"))
+    steps, vals = E.series(h, "diag/logp_correct")
+    assert len(steps) == 40 - 5 and 7 not in steps and all(isinstance(v, float) for v in vals)  # 7, 14, .., 35 null
+    assert 5 not in E.series(h, "rollout/searches_per_traj")[0]  # "n/a" skipped
+    assert E.series([{"step": 1, "x": float("nan")}, {"step": 2, "x": True}, {"step": 3, "x": 2}], "x") == ([3], [2])
+    assert E.series(h, "never/logged") == ([], [])
+
+
+def test_plot_two_runs_writes_a_png(tmp_path):
+    a, b = fake_run(tmp_path / "l0"), fake_run(tmp_path / "l02", llds=0.2, with_delta=False)
+    assert E.run_label(a) == f"{a} (λ=0)" and E.run_label(b) == f"{b} (λ=0.2)"
+    assert E.run_label(tmp_path) == str(tmp_path)  # no args.json: the folder alone
+    out = E.plot_runs([a, b], tmp_path / "figs" / "both.png", labels=["GRPO", "GRPO+LLDS"])
+    w, h = png_size(out)
+    assert w > 1500 and h > 700 and out.stat().st_size > 50_000
+    with pytest.raises(ValueError, match="1 labels for 2 runs"):
+        E.plot_runs([a, b], tmp_path / "x.png", labels=["one"])
+
+
+def test_plot_command_default_path_and_bad_run_dirs(tmp_path):
+    run = fake_run(tmp_path / "old", steps=12, with_delta=False)  # an old run: no delta_correct at all
+    r = subprocess.run([sys.executable, "evaluate.py", "plot", str(run)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run / "diagnostics.png").exists() and png_size(run / "diagnostics.png")[0] > 1500
+    with pytest.raises(SystemExit, match=f"error: no metrics.jsonl in {re.escape(str(tmp_path))}"):
+        E.plot_main([str(tmp_path)])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("\n")
+    with pytest.raises(SystemExit, match="metrics.jsonl: empty"):
+        E.plot_main([str(tmp_path / "empty")])
+    bad = run / "metrics.jsonl"
+    bad.write_text(bad.read_text().splitlines()[0] + '\n{"step": 2, "rollout/reward": 0.1\n')
+    with pytest.raises(ValueError, match=re.escape(f"{bad}:2: not valid JSON")):
+        E.read_metrics(run)
+    bad.write_text('{"rollout/reward": 0.1}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{bad}:1: expected a JSON object with a numeric 'step'")):
+        E.read_metrics(run)
