@@ -145,6 +145,79 @@ def ma_beta(mean_valid_searches: float, schedule: str = "code", v_b: float = 2.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Seeing LLD: the paper's likelihood diagnostics (SPEC part A Sec. 4) and an alarm on the death spiral's phases
+
+
+def likelihood_diagnostics(logp_before, logp_after, loss_mask, reward) -> dict:
+    """Log-likelihood of correct and incorrect responses before and after one training step (v2 Sec. 4-5, Fig. 2, 5).
+
+    logp_before [B, T]: log-probs of the sampled tokens under the rollout policy (pi_old, before the step's updates);
+    logp_after [B, T]: under the policy after all of the step's updates; loss_mask [B, T] (1 = model token);
+    reward [B] (1 = correct). Returns floats in nats, None where a set is empty (no correct response this step):
+      diag/logp_{correct,incorrect}[_after]: token-mean log-likelihood (nats/token) over the set's model tokens;
+      diag/seqlogp_{correct,incorrect}[_after]: mean over responses of the sequence sum (nats/response);
+      diag/delta_{correct,incorrect}: mean over responses of sum_t [log pi_after - log pi_before], the per-response
+        likelihood change of v2 Eq. 2 / Def. A.3 (< 0 on correct responses: LLD);
+      diag/frac_correct_lld: fraction of correct responses with that change <= 0 (v2 Def. 4.1 with eps = 0);
+      diag/logp_first_action, diag/logp_later_actions: token-mean log-likelihood (before the step) of the first
+        action (tokens before the first tool observation) and of the later ones (Fig. 5).
+    """
+    mask = loss_mask.float()
+    seg = action_segments(mask)  # [B, T] 1 on the first action, 2.. later
+    first, later = (seg == 1).float(), (seg > 1).float()
+    correct = (reward == 1).float()  # [B]
+    seq_before, seq_after = (logp_before * mask).sum(-1), (logp_after * mask).sum(-1)  # [B] nats per response
+    out = {}
+
+    def token_mean(x, m):
+        n = m.sum().item()
+        return (x * m).sum().item() / n if n else None
+
+    def seq_mean(x, w):
+        n = w.sum().item()
+        return (x * w).sum().item() / n if n else None
+
+    for name, w in (("correct", correct), ("incorrect", 1 - correct)):
+        w = w * (mask.sum(-1) > 0).float()  # [B] responses of the set that have model tokens
+        out[f"diag/logp_{name}"] = token_mean(logp_before, mask * w[:, None])
+        out[f"diag/logp_{name}_after"] = token_mean(logp_after, mask * w[:, None])
+        out[f"diag/seqlogp_{name}"] = seq_mean(seq_before, w)
+        out[f"diag/seqlogp_{name}_after"] = seq_mean(seq_after, w)
+        out[f"diag/delta_{name}"] = seq_mean(seq_after - seq_before, w)
+    w = correct * (mask.sum(-1) > 0).float()
+    out["diag/frac_correct_lld"] = seq_mean((seq_after - seq_before <= 0).float(), w)
+    out["diag/logp_first_action"] = token_mean(logp_before, first)
+    out["diag/logp_later_actions"] = token_mean(logp_before, later)
+    return out
+
+
+def lld_alarm(delta_correct: list, grad_norm: list, k: int = 3, eps: float = 0.0, spike: float = 2.0) -> str:
+    """The phase of the LLD death spiral the last k steps show, or "" when the correct responses' likelihood rises.
+
+    delta_correct: per step, diag/delta_correct (nats/response; None on steps without a correct response, skipped);
+    grad_norm: per step, the pre-clip grad norm. The rule, from v2 Sec. 5.1 (three phases) and Def. A.3:
+      - "" (healthy) unless the last k defined changes are all <= eps (LLD, v2 Def. 4.1, on every one of k steps);
+      - "acceleration" (phase III) if all k are < -eps (likelihood falls) and either they fall faster each step
+        (strictly decreasing: Def. A.3's self-amplification) or the last grad norm exceeds `spike` x the median of
+        the steps before the window (the paper's grad-norm spike, the "red star" of Fig. 2);
+      - "steady decay" (phase II) if all k are < -eps with a stable grad norm;
+      - "stagnation" (phase I) otherwise: the likelihood of correct responses no longer rises, but does not fall yet.
+    Fewer than k defined values -> "". Raises ValueError if k < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    d = [x for x in delta_correct if x is not None][-k:]
+    if len(d) < k or any(x > eps for x in d):
+        return ""
+    if not all(x < -eps for x in d):
+        return "stagnation"
+    before = sorted(g for g in grad_norm[:-k] if g is not None and g == g)
+    spiking = bool(before) and grad_norm[-1] > spike * before[len(before) // 2]
+    falling_faster = k > 1 and all(b < a for a, b in zip(d, d[1:])) and d[-1] <= spike * d[0]
+    return "acceleration" if spiking or falling_faster else "steady decay"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
     # One response with A >= 0: action 1 (3 tokens) | observation (2 masked tokens) | action 2 (3 tokens)

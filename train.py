@@ -9,12 +9,19 @@ the second mini-batch on the policy differs from the one that sampled (SPEC P1: 
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16 --group-size 5
     python train.py --model <folder> --llds 0.1 --steps 3 --prompts-per-step 2 --group-size 4 --max-turns 2 \\
         --max-new-tokens 64 --max-obs-tokens 160 --mini-batch-size 4 --micro-batch-size 2 --lr 1e-5  # CPU steps
+    torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp --grad-ckpt  # 8 GPUs
+
+With --fsdp (under torchrun; gloo on CPU, nccl on GPU) every rank rolls out its own prompts (whole groups) with the
+full weights gathered, and each optimizer mini-batch is the union of every rank's share; token counts and metrics are
+reduced over ranks, so the loss is the same as one process's (tests/test_fsdp.py). The algorithm never looks at the
+world size: only seeding (seed + rank), printing and saving (rank 0) do.
 
 Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text),
 checkpoint/ (save_pretrained + trainer_state.pt, written to a temp folder and renamed). Rerun the same command with
 `--resume <out-dir>` to continue exactly where that checkpoint left off. `python train.py --help` lists every option.
 """
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -27,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
-from llds import llds_loss, ma_beta
+from llds import likelihood_diagnostics, lld_alarm, llds_loss, ma_beta
 from retriever import make_retriever
 from rollout import load_questions, rollout
 
@@ -94,6 +102,9 @@ class Args:
     """recompute each decoder layer's activations in backward (gradient checkpointing: less memory, ~1.3x compute)"""
     max_bad_steps: int = 5
     """stop after this many consecutive optimizer steps skipped for a non-finite loss or grad norm"""
+    # --- fsdp
+    fsdp: bool = False
+    """shard policy and reference with FSDP2 over the torchrun ranks (bf16 compute, fp32 grads/reduction on GPU)"""
     clip_eps: float = 0.2
     """PPO ratio clip epsilon"""
     kl_coef: float = 0.001
@@ -122,6 +133,8 @@ class Args:
     """trajectories per rollouts file"""
     save_every: int = 0
     """also save a checkpoint every N steps (0: only at the end)"""
+    alarm_k: int = 3
+    """LLD alarm: warn when the correct responses' likelihood change is <= 0 for this many steps (llds.lld_alarm)"""
     resume: str = ""
     """run dir to continue exactly from its checkpoint/ (weights, optimizer, scheduler, RNG, data order, step)"""
 
@@ -201,6 +214,85 @@ def enable_grad_ckpt(model):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# FSDP2 (one code path: without torchrun the world is one rank and every helper below is the identity)
+
+
+def setup_dist(fsdp: bool, device: str) -> tuple[int, int, str]:
+    """(rank, world_size, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nanoGPT); (0, 1, device) without.
+
+    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Raises SystemExit when
+    torchrun starts several ranks without --fsdp (they would train unsynchronised copies).
+    """
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not fsdp:
+        raise SystemExit("error: torchrun started several ranks; add --fsdp")
+    if fsdp:
+        cuda = device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return rank, world, device
+
+
+def shard(model):
+    """FSDP2: fully_shard each decoder layer, then the root (pytorch/examples FSDP2). On GPU parameters stay fp32
+    shards and compute in bf16 with fp32 gradient reduction. Gradients are *summed* over ranks (divide factor 1):
+    our losses are already normalised by the global token count, so averaging would divide by the world size twice."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    on_gpu = next(model.parameters()).is_cuda
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+@contextlib.contextmanager
+def full_weights(model):
+    """Gather the full weights on every rank for the rollout, reshard after. Ranks generate different numbers of
+    tokens, and a sharded forward all-gathers each layer, which would need every rank in lock-step. No-op unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in mods:
+        m.unshard()
+        m.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.set_reshard_after_forward(True)
+            m.reshard()
+
+
+def all_reduce(values, op: str = "sum") -> list[float]:
+    """Sum (or "max") of each value over ranks; the values themselves in a single process."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if dist.is_initialized():
+        t = t.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """[b, T] on each rank -> [world * b, T'] in rank order (T' = largest T, zero right-padded); x in one process."""
+    if not dist.is_initialized():
+        return x
+    T = int(all_reduce([x.shape[1]], "max")[0])
+    x = torch.nn.functional.pad(x.float(), (0, T - x.shape[1]))
+    x = x.to("cuda") if dist.get_backend() == "nccl" else x
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, x)
+    return torch.cat(out).cpu()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Batching trajectories and computing log-probs
 
 
@@ -259,10 +351,16 @@ def atomic_write(path: Path, text: str):
 
 def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint", state: dict | None = None):
     """save_pretrained (and `state`, for --resume, as trainer_state.pt) into <name>.tmp, then swap it in: a kill while
-    saving leaves the previous checkpoint intact. evaluate.py reads the folder as a plain model."""
+    saving leaves the previous checkpoint intact. evaluate.py reads the folder as a plain model. Under FSDP every rank
+    joins the gather of the full state dict and rank 0 writes; `state` must then hold full (gathered) states."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
     final, tmp, old = out_dir / name, out_dir / f"{name}.tmp", out_dir / f"{name}.old"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")
@@ -272,139 +370,195 @@ def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint", s
     shutil.rmtree(old, ignore_errors=True)
 
 
-def masked_mean(x, mask):
-    """Mean of x over mask == 1, or None (null in metrics.jsonl) when the mask is empty, e.g. no correct response."""
-    n = mask.sum().item()
-    return (x * mask).sum().item() / n if n else None
+def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int):
+    """The optimizer steps of one rollout step: sequential mini-batches, gradient accumulation over micro-batches.
+
+    batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
+    adv [B]. mini_batch_size: this rank's share of a mini-batch (args.mini_batch_size / world size); the mini-batch is
+    the union of every rank's share, so its token and sequence counts are summed over ranks (P14: the mini-batch's
+    count, not the micro-batch's) and the loss is the same as one process computing it all.
+    vocab_size: the tokenizer's (logits beyond it are dropped, P16).
+    Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
+    stepped, False if a non-finite loss or grad norm skipped it).
+    """
+    device = next(model.parameters()).device
+    loss_mask = batch["loss_mask"]
+    B, per_mini, grad_norms, stepped = loss_mask.shape[0], [], [], []
+    for m0 in range(0, B, mini_batch_size):
+        mini = slice(m0, min(m0 + mini_batch_size, B))
+        num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), ((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum(),
+                                                    mini.stop - mini.start])
+        num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
+        mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
+        for u0 in range(mini.start, mini.stop, args.micro_batch_size):
+            rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
+            dev = lambda x: None if x is None else x[rows].to(device)  # noqa: E731
+            logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size, with_entropy=True)
+            pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
+                                 clip_eps=args.clip_eps, kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                 entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
+                                 num_seqs=int(num_seqs))
+            reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
+                                    norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
+            loss = pg + args.llds * reg  # Eq. 6
+            loss.backward()
+            loss_sum += loss.item()
+            share = loss_mask[rows].sum().item() / num_tokens  # this micro-batch's share of the mini-batch tokens
+            for k, v in {**m_pg, **m_llds}.items():  # loss terms are already partial sums; means get weighted
+                mb[k] = max(mb.get(k, v), v) if k.endswith("_max") else \
+                    mb.get(k, 0.0) + (v if k in LOSS_TERMS else v * share)
+        keys = sorted(mb)  # the same keys on every rank: sum the partial sums, max the maxima
+        sums, maxes = all_reduce([mb[k] for k in keys]), all_reduce([mb[k] for k in keys], "max")
+        per_mini.append({k: mx if k.endswith("_max") else sm for k, sm, mx in zip(keys, sums, maxes)})
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
+        loss_sum = all_reduce([loss_sum])[0]  # every rank takes the same decision
+        stepped.append(bool(np.isfinite(loss_sum) and np.isfinite(grad_norms[-1])))
+        if stepped[-1]:
+            optimizer.step()
+        else:  # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
+            print0(f"non-finite loss {loss_sum} or grad norm {grad_norms[-1]}: update skipped")
+        optimizer.zero_grad(set_to_none=True)
+    return per_mini, grad_norms, stepped
+
+
+def print0(*a):
+    """print on rank 0 only (through tqdm, so the progress bar stays intact)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tqdm.write(" ".join(str(x) for x in a))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 
 
 def main(args: Args):
-    random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
+    rank, world, device = setup_dist(args.fsdp, args.device)
+    random.seed(args.seed + rank), np.random.seed(args.seed + rank), torch.manual_seed(args.seed + rank)
+    if args.prompts_per_step % world or args.mini_batch_size % world:
+        raise SystemExit(f"error: --prompts-per-step {args.prompts_per_step} and --mini-batch-size "
+                         f"{args.mini_batch_size} must be multiples of the {world} ranks")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
+    if rank == 0:
+        atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
     try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
         ckpt = Path(args.resume) / "checkpoint"
         state = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False) if args.resume else None
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url)
-        model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
+        # "auto": fp32 master weights; on GPU the passes run in bf16 (autocast, or FSDP's mixed precision)
+        dtype = "float32" if args.dtype == "auto" else args.dtype
+        model, tokenizer, device = load_policy(str(ckpt) if state else args.model, dtype, device)
+        ref_model = None
+        if args.kl_coef != 0.0:  # the frozen initial policy (--model, also when resuming)
+            ref_model = (load_policy(args.model, dtype, device)[0] if state else copy.deepcopy(model)).requires_grad_(False)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         raise SystemExit(f"error: {err}") from None
-    ref_model = None
-    if args.kl_coef != 0.0:  # the frozen initial policy
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    if state and len(state["rng"]) != world:
+        raise SystemExit(f"error: {ckpt} was saved by {len(state['rng'])} ranks; resume with the same number")
     if args.grad_ckpt:
         enable_grad_ckpt(model)
+    if args.fsdp:
+        model = shard(model)
+        ref_model = shard(ref_model) if ref_model is not None else None
     vocab_size = len(tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
+                                  foreach=False)  # foreach would hold a second copy of the moments at the peak
     warmup = int(args.warmup_ratio * args.steps)  # stepped once per rollout step, from lr 0 (veRL constant+warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup > 0 else 1.0)
     order = np.random.default_rng(args.seed).permutation(len(rows)).tolist()  # data order: seeded epochs, no repeats
-    print(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters())/1e6:.0f}M "
-          f"params on {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
-          f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
-    history, start, bad = [], 1, 0  # bad: consecutive skipped optimizer steps
-    if state:  # the reference model above is still the initial one (--model); the policy continues
-        model.load_state_dict(load_policy(str(ckpt), args.dtype, "cpu")[0].state_dict())
-        optimizer.load_state_dict(state["optimizer"]), scheduler.load_state_dict(state["scheduler"])
-        random.setstate(state["rng"][0]), np.random.set_state(state["rng"][1]), torch.set_rng_state(state["rng"][2])
-        if torch.cuda.is_available() and state["rng"][3]:
-            torch.cuda.set_rng_state_all(state["rng"][3])
+    amp = torch.autocast("cuda", torch.bfloat16) if device.startswith("cuda") and args.dtype == "auto" and not args.fsdp \
+        else contextlib.nullcontext()
+    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) * world / 1e6:.0f}M "
+           f"params on {world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
+           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
+    history, start, bad, phase = [], 1, 0, ""  # bad: consecutive skipped optimizer steps
+    if state:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"][rank]
+        random.setstate(rng[0]), np.random.set_state(rng[1]), torch.set_rng_state(rng[2])
+        if torch.cuda.is_available() and rng[3]:
+            torch.cuda.set_rng_state_all(rng[3])
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
-        print(f"resumed {ckpt} at step {state['step']}")
-    for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True):
+        print0(f"resumed {ckpt} at step {state['step']}")
+    for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
         t0 = time.time()
         if len(order) < args.prompts_per_step:
             order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
         batch_rows, order = [rows[i] for i in order[: args.prompts_per_step]], order[args.prompts_per_step:]
+        share = args.prompts_per_step // world  # this rank's prompts: whole groups stay on one rank
+        batch_rows = batch_rows[rank * share:(rank + 1) * share]
 
         # --- rollout and reward
-        episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
-                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                           max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
-                           top_p=args.top_p, gen_batch_size=args.gen_batch_size)
+        with full_weights(model), amp:
+            episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
+                               max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                               max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
+                               top_p=args.top_p, gen_batch_size=args.gen_batch_size)
         t_rollout = time.time() - t0
         rewards = torch.tensor([e.reward for e in episodes])  # [B]
         # NOTE(departure): groups keyed by per-batch prompt id, not Search-R1's uid = dataset index (P4)
         adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
         batch = collate(episodes, tokenizer.pad_token_id)
-        old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T] pi_old
-        ref_logp = batch_logp(ref_model, batch, args.micro_batch_size, args.temperature, vocab_size) if ref_model else None
+        with amp:
+            old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T]
+            ref_logp = batch_logp(ref_model, batch, args.micro_batch_size, args.temperature, vocab_size) \
+                if ref_model else None
         weight = None
         if args.llds_ma != "off":  # LLDS-MA: beta on the final answer span, 1 elsewhere
-            beta = ma_beta(float(np.mean([e.num_searches for e in episodes])), args.llds_ma)
-            weight = 1.0 + (beta - 1.0) * batch["answer_mask"]
+            searches = all_reduce([sum(e.num_searches for e in episodes), len(episodes)])
+            weight = 1.0 + (ma_beta(searches[0] / searches[1], args.llds_ma) - 1.0) * batch["answer_mask"]
+        t_update = time.time()
 
-        # --- updates: sequential mini-batches, gradient accumulation over micro-batches
-        B, loss_mask = len(episodes), batch["loss_mask"]
-        sums, grad_norms, skipped = {}, [], 0
-        for m0 in range(0, B, args.mini_batch_size):
-            mini = list(range(m0, min(m0 + args.mini_batch_size, B)))
-            # NOTE(departure): normalise by the mini-batch's token count; Search-R1 uses each micro-batch's (P14)
-            num_tokens = loss_mask[mini].sum().clamp(min=1).item()  # P14: the mini-batch's count, not the micro's
-            num_pre = max(int(((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum()), 1)
-            mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss
-            for u0 in range(0, len(mini), args.micro_batch_size):
-                rows_ = slice(mini[u0], mini[min(u0 + args.micro_batch_size, len(mini)) - 1] + 1)
-                dev = lambda x: None if x is None else x[rows_].to(device)  # noqa: E731
-                logp, entropy = response_logp(model, batch, rows_, args.temperature, vocab_size, with_entropy=True)
-                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
-                                     clip_eps=args.clip_eps, kl_coef=args.kl_coef, kl_type=args.kl_type,
-                                     entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
-                                     num_seqs=len(mini))
-                reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
-                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
-                loss = pg + args.llds * reg  # Eq. 6
-                loss.backward()
-                loss_sum += loss.item()
-                share = loss_mask[rows_].sum().item() / num_tokens  # this micro-batch's share of the mini-batch tokens
-                for k, v in {**m_pg, **m_llds}.items():  # loss terms are already partial sums; means get weighted
-                    mb[k] = max(mb.get(k, v), v) if k.endswith("_max") else \
-                        mb.get(k, 0.0) + (v if k in LOSS_TERMS else v * share)
-            for k, v in mb.items():
-                sums.setdefault(k, []).append(v)
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item())
-            if np.isfinite(loss_sum) and np.isfinite(grad_norms[-1]):
-                optimizer.step()
-                bad = 0
-            else:  # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
-                skipped, bad = skipped + 1, bad + 1
-                tqdm.write(f"step {step}: non-finite loss {loss_sum} or grad norm {grad_norms[-1]}: update skipped")
-            optimizer.zero_grad(set_to_none=True)
+        # --- updates
+        with amp:
+            per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,
+                                                   vocab_size, args.mini_batch_size // world)
+            new_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # after
+        for ok in stepped:  # consecutive skipped optimizer steps, across rollout steps
+            bad = 0 if ok else bad + 1
         lr = optimizer.param_groups[0]["lr"]  # the lr this step used
         scheduler.step()
 
-        # --- log
-        correct = (rewards == 1).float().unsqueeze(-1) * loss_mask  # [B, T]
-        metrics = {k: float(np.mean(v)) for k, v in sums.items()}  # mean over the step's mini-batches
+        # --- log: every rank's trajectories, gathered
+        loss_mask = gather_rows(batch["loss_mask"])
+        stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions] for e in episodes]))
+        rewards = stats[:, 0]
+        metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
         metrics.update({
             "step": step,
             "rollout/reward": rewards.mean().item(),
-            "rollout/searches_per_traj": float(np.mean([e.num_searches for e in episodes])),
-            "rollout/valid_action_ratio": sum(e.num_valid_actions for e in episodes) / max(sum(e.num_turns for e in episodes), 1),
+            "rollout/searches_per_traj": stats[:, 1].mean().item(),
+            "rollout/valid_action_ratio": stats[:, 3].sum().item() / max(stats[:, 2].sum().item(), 1),
             "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
-            "rollout/frac_zero_std_groups": float(np.mean([len(set(rewards[i:i + args.group_size].tolist())) == 1
-                                                           for i in range(0, B, args.group_size)])),
+            "rollout/frac_zero_std_groups": float(np.mean([len(set(g.tolist())) == 1
+                                                           for g in rewards.split(args.group_size)])),
             "grpo/grad_norm": float(np.mean(grad_norms)),
-            "grpo/skipped_steps": skipped,
+            "grpo/skipped_steps": stepped.count(False),
             "grpo/lr": lr,
-            "diag/logp_correct": masked_mean(old_logp, correct),  # token-mean log-lik. under the rollout policy
-            "diag/logp_incorrect": masked_mean(old_logp, loss_mask - correct),
-            "perf/rollout_s": t_rollout,
-            "perf/step_s": time.time() - t0,
         })
+        metrics.update(likelihood_diagnostics(gather_rows(old_logp), gather_rows(new_logp), loss_mask, rewards))
         history.append(metrics)
-        atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
-        tqdm.write(f"step {step} | reward {metrics['rollout/reward']:.3f} | pg {metrics['grpo/pg_loss']:.4f} | "
-                   f"kl {metrics.get('grpo/kl', 0.0):.5f} | llds {metrics['llds/penalty']:.5f} | "
-                   f"gate {metrics['llds/gate_rate']:.2f} | clip {metrics['grpo/clip_frac']:.3f} | "
-                   f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
-                   f"{metrics['perf/step_s']:.0f}s")
-        if step == 1 or step % args.log_rollouts_every == 0:
+        new_phase = lld_alarm([m.get("diag/delta_correct") for m in history],
+                              [m["grpo/grad_norm"] for m in history], k=args.alarm_k)
+        metrics["alarm/phase"] = new_phase
+        if new_phase and new_phase != phase:
+            print0(f"LLD alarm at step {step}: {new_phase} (the likelihood of correct responses fell or stalled for "
+                   f"{args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
+        phase = new_phase
+        metrics.update({"perf/rollout_s": t_rollout, "perf/logp_s": t_update - t0 - t_rollout,
+                        "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
+        if rank == 0:
+            atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
+        print0(f"step {step} | reward {metrics['rollout/reward']:.3f} | pg {metrics['grpo/pg_loss']:.4f} | "
+               f"kl {metrics.get('grpo/kl', 0.0):.5f} | llds {metrics['llds/penalty']:.5f} | "
+               f"gate {metrics['llds/gate_rate']:.2f} | clip {metrics['grpo/clip_frac']:.3f} | "
+               f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
+               f"{metrics['perf/step_s']:.0f}s")
+        if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
             recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
                      "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
                     for i, e in enumerate(episodes[: args.num_log_rollouts])]
@@ -413,12 +567,20 @@ def main(args: Args):
             raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
                              f"skipped (step {step}): the policy collapsed or diverged, see {out_dir}/metrics.jsonl")
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
             rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
                    torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+            rngs = [rng] * world  # every rank's RNG: each samples its own rollouts
+            if dist.is_initialized():
+                dist.all_gather_object(rngs, rng)
+            optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             save_checkpoint(model, tokenizer, out_dir, state={
-                "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+                "step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rngs,
                 "order": order, "bad": bad, "history": history})
-    print(f"saved {out_dir / 'checkpoint'}")
+    print0(f"saved {out_dir / 'checkpoint'}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -396,3 +396,64 @@ def test_unknown_gate_norm_or_shape_raises():
         llds_loss(x, x.detach(), adv, mask, norm="mean")
     with pytest.raises(ValueError):
         llds_loss(x, x.detach(), adv, torch.ones(2, 5))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Diagnostics (SPEC part A Sec. 4) and the LLD alarm
+
+from llds import likelihood_diagnostics, lld_alarm  # noqa: E402
+
+
+def test_likelihood_diagnostics_by_hand():
+    """Two correct responses and one incorrect; the first action is the run of 1s before the first observation."""
+    mask = torch.tensor([[1.0, 1, 0, 1, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 1]])  # row 1 padded, rows 0/2 two actions
+    before = torch.tensor([[-1.0, -2, 9, -3, 9], [-1, -1, -1, 9, 9], [-4, 9, 9, -2, -2]])
+    after = before - torch.tensor([[0.5, 0, 7, 0, 7], [0, 0, -0.3, 7, 7], [0, 7, 7, 1, 0]])
+    d = likelihood_diagnostics(before, after, mask, torch.tensor([1.0, 1, 0]))
+    assert d["diag/logp_correct"] == pytest.approx((-1 - 2 - 3 - 1 - 1 - 1) / 6)  # token-mean, masked tokens ignored
+    assert d["diag/seqlogp_correct"] == pytest.approx((-6 + -3) / 2)  # mean of the per-response sums
+    assert d["diag/logp_incorrect"] == pytest.approx(-8 / 3) and d["diag/seqlogp_incorrect"] == pytest.approx(-8)
+    assert d["diag/delta_correct"] == pytest.approx((-0.5 + 0.3) / 2)  # sum_t (after - before), mean over responses
+    assert d["diag/delta_incorrect"] == pytest.approx(-1.0)
+    assert d["diag/seqlogp_correct_after"] == pytest.approx((-6.5 - 2.7) / 2)
+    assert d["diag/frac_correct_lld"] == pytest.approx(0.5)  # response 0 lost likelihood, response 1 gained
+    assert d["diag/logp_first_action"] == pytest.approx((-1 - 2 - 1 - 1 - 1 - 4) / 6)
+    assert d["diag/logp_later_actions"] == pytest.approx((-3 - 2 - 2) / 3)
+
+
+def test_likelihood_diagnostics_empty_sets_are_none():
+    mask = torch.ones(2, 3)
+    d = likelihood_diagnostics(-torch.ones(2, 3), -torch.ones(2, 3), mask, torch.zeros(2))  # nothing correct
+    assert d["diag/logp_correct"] is None and d["diag/delta_correct"] is None and d["diag/frac_correct_lld"] is None
+    assert d["diag/logp_incorrect"] == -1.0 and d["diag/logp_later_actions"] is None  # one action per response
+
+
+@pytest.mark.parametrize("delta, gnorm, phase", [
+    ([0.2, 0.1, 0.3, 0.05], [1.0] * 4, ""),  # the likelihood of correct responses rises: healthy
+    ([0.2, 0.0, -0.01, 0.0], [1.0] * 4, "stagnation"),  # flat (<= 0) for k = 3 steps, not clearly falling (phase I)
+    ([0.1, -0.10, -0.12, -0.11], [1.0, 1.1, 0.9, 1.0], "steady decay"),  # falls, grad norm stable (phase II)
+    ([0.1, -0.1, -0.3, -0.8], [1.0] * 4, "acceleration"),  # falls faster each step, 8x within k steps (phase III)
+    ([-0.1, -0.1, -0.1, -0.1, -0.1, -0.1], [1, 1, 1, 1, 1, 5.0], "acceleration"),  # grad-norm spike (red star)
+    ([0.1, -0.1, None, -0.2, None, -0.15], [1.0] * 6, "steady decay"),  # steps without a correct response skipped
+    ([-0.5, -0.6], [1.0, 1.0], ""),  # fewer than k values: no verdict yet
+    ([-0.1, -0.2, 0.01], [1.0] * 3, ""),  # one step of recovery clears it
+])
+def test_lld_alarm_phases(delta, gnorm, phase):
+    assert lld_alarm(delta, gnorm, k=3) == phase
+
+
+def test_lld_alarm_walks_through_the_three_phases_before_the_reward_collapses():
+    """A synthetic run shaped like v2 Fig. 2: the reward rises for 40 steps while the correct-response likelihood
+    first stalls, then decays, then drops with a grad-norm spike; the reward collapses only after step 50. The alarm
+    names the phases in order and fires its first acceleration warning before the reward falls."""
+    steps = range(60)
+    delta = [0.3 if s < 10 else 0.0 if s < 20 else -0.05 if s < 40 else -0.05 * 1.5 ** (s - 39) for s in steps]
+    gnorm = [1.0 if s < 44 else 6.0 for s in steps]
+    reward = [min(0.6, 0.015 * s) if s < 50 else 0.0 for s in steps]
+    phases = [lld_alarm(delta[: s + 1], gnorm[: s + 1]) for s in steps]
+    order = [p for i, p in enumerate(phases) if p and (i == 0 or phases[i - 1] != p)]
+    assert order == ["stagnation", "steady decay", "acceleration"]
+    first_acc = phases.index("acceleration")
+    assert 40 <= first_acc < reward.index(0.0, 1) and max(reward[:first_acc]) > 0.5
+    with pytest.raises(ValueError):
+        lld_alarm([0.0], [1.0], k=0)
