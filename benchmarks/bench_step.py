@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 DATA = ROOT.parent / "shared" / "data"
 STEP_FLAGS = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "64",
               "--max-obs-tokens", "160", "--mini-batch-size", "4", "--micro-batch-size", "1", "--lr", "1e-5",
-              "--grad-ckpt", "--llds", "0.1", "--warmup-ratio", "0"]
+              "--grad-ckpt", "--ref-offload", "--llds", "0.1", "--warmup-ratio", "0"]
 
 
 def model_path(name: str, tmp: Path) -> str:
@@ -80,7 +80,8 @@ def child_step(model: str, steps: int, out_dir: str):
     tokens = sum(x["rollout/response_tokens"] * 8 for x in m)  # model tokens generated (8 trajectories per step)
     print(json.dumps({"step_s": mean("perf/step_s"), "gen_s": mean("perf/rollout_s") - timing["retrieval_s"] / len(m),
                       "retrieval_s": timing["retrieval_s"] / len(m), "logp_s": mean("perf/logp_s"),
-                      "update_s": mean("perf/update_s"), "gen_tok_s": tokens / sum(x["perf/rollout_s"] for x in m),
+                      "update_s": mean("perf/update_s"),
+                      "gen_tok_s": tokens / (sum(x["perf/rollout_s"] for x in m) - timing["retrieval_s"]),
                       "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       "threads": torch.get_num_threads()}))
 

@@ -49,8 +49,12 @@ def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files):
     lines = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
     for key in ("rollout/reward", "grpo/pg_loss", "grpo/kl", "grpo/entropy", "grpo/grad_norm", "grpo/clip_frac",
-                "llds/penalty", "llds/gate_rate", "rollout/searches_per_traj", "diag/logp_incorrect"):
+                "llds/penalty", "llds/gate_rate", "rollout/searches_per_traj", "diag/logp_incorrect",
+                "diag/logp_incorrect_after", "diag/seqlogp_correct", "diag/delta_correct", "diag/logp_first_action",
+                "alarm/phase", "perf/update_s"):
         assert key in lines[0], key
+    # the diagnostics are of this step's update: lr 1e-3 moves the likelihood of the sampled responses
+    assert lines[0]["diag/delta_incorrect"] != 0 and lines[0]["diag/logp_incorrect_after"] != lines[0]["diag/logp_incorrect"]
     # 8 trajectories in mini-batches of 4: the second mini-batch is off-policy, so LLDS sees a non-zero Delta
     assert any(m["llds/gate_rate"] > 0 for m in lines)
     assert (out / "checkpoint" / "config.json").exists() and not (out / "checkpoint.tmp").exists()
@@ -373,3 +377,15 @@ def test_grad_ckpt_same_gradient_and_really_recomputes():
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
     assert attn_calls == [(1, 2), (2, 3)]  # with checkpointing the layer ran again in backward
     assert parse_args(["--grad-ckpt"]).grad_ckpt and not parse_args([]).grad_ckpt
+
+
+def test_ref_offload_gives_the_same_run(files):
+    """--ref-offload (reload the reference for each step's pass, free it before the update) changes memory, not
+    numbers: the same metrics as keeping the reference resident."""
+    kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2")
+    offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload")
+    for a, b in zip(kept, offloaded, strict=True):
+        for k in a:
+            if not k.startswith("perf/"):
+                assert a[k] == b[k] or a[k] == pytest.approx(b[k], abs=1e-7), k
+    assert kept[1]["grpo/kl"] > 0
