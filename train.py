@@ -201,6 +201,9 @@ def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
         name = str(path)
     tokenizer = AutoTokenizer.from_pretrained(name, **kw)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw)  # GGUF: de-quantised, trainable
+    if kw:  # de-quantised weights are plain floats: let save_pretrained write them (it refuses "gguf-quantised")
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer, device
