@@ -328,18 +328,19 @@ def collate(episodes, pad_id: int) -> dict:
 def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=False):
     """logp [b, T] (and entropy [b, T]) of the response tokens for batch rows `rows`, under the sampling temperature.
 
-    Only the last T+1 positions' logits are materialised (logits_to_keep). Logits of ids the tokenizer does not have
+    Only the T positions' logits that predict response tokens are materialised (logits_to_keep). Logits of ids the tokenizer does not have
     are dropped, as the sampler suppressed them (P16), so old, ref and current log-probs are of the sampling policy.
     """
     dev = next(model.parameters()).device
-    T = batch["loss_mask"].shape[1]
+    L, T = batch["input_ids"].shape[1], batch["loss_mask"].shape[1]
     out = model(input_ids=batch["input_ids"][rows].to(dev), attention_mask=batch["attention_mask"][rows].to(dev),
-                position_ids=batch["position_ids"][rows].to(dev), logits_to_keep=T + 1, use_cache=False)
-    logits = out.logits[:, :-1, :vocab_size]  # [b, T, V] position j predicts response token j
+                position_ids=batch["position_ids"][rows].to(dev), logits_to_keep=torch.arange(L - T - 1, L - 1),
+                use_cache=False)
+    logits = out.logits[..., :vocab_size]  # [b, T, V] position j predicts response token j
     targets = batch["input_ids"][rows][:, -T:].to(dev)  # [b, T]
     if with_entropy:  # in chunks of positions, recomputed in backward: no [b, T, V] log-softmax/probs held whole
-        parts = [checkpoint(logp_and_entropy_from_logits, logits[:, i:i + 64], targets[:, i:i + 64], temperature,
-                            use_reentrant=False) for i in range(0, T, 64)]
+        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)  # split: one
+                 for lg, tg in zip(logits.split(64, 1), targets.split(64, 1))]  # grad buffer, not one per slice
         return torch.cat([lp for lp, _ in parts], 1), torch.cat([h for _, h in parts], 1)  # [b, T], [b, T]
     return logp_from_logits(logits, targets, temperature), None
 

