@@ -434,7 +434,7 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
 
 
 def print0(*a):
-    """print on rank 0 only (through tqdm, so the progress bar stays intact)."""
+    """Print on rank 0 only (through tqdm, so the progress bar stays intact)."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         tqdm.write(" ".join(str(x) for x in a))
 
@@ -484,7 +484,7 @@ def main(args: Args):
     order = np.random.default_rng(args.seed).permutation(len(rows)).tolist()  # data order: seeded epochs, no repeats
     amp = torch.autocast("cuda", torch.bfloat16) if device.startswith("cuda") and args.dtype == "auto" and not args.fsdp \
         else contextlib.nullcontext()
-    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) * world / 1e6:.0f}M "
+    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
            f"params on {world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
            f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
     history, start, bad, phase = [], 1, 0, ""  # bad: consecutive skipped optimizer steps
