@@ -40,10 +40,12 @@ SMALL = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--
          "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3"]
 
 
-def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files):
-    out = files["dir"] / "out"
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files, amp):
+    """The whole loop and evaluate.py on its checkpoint; the loop also under --amp bf16 (CPU autocast)."""
+    out = files["dir"] / f"out_{amp}"
     r = run("train.py", "--model", files["model"], "--train-data", files["q"], "--corpus", files["corpus"],
-            "--steps", "2", "--llds", "0.1", "--out-dir", str(out), *SMALL)
+            "--steps", "2", "--llds", "0.1", "--out-dir", str(out), "--amp", amp, *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "step 1 |" in r.stdout + r.stderr and "step 2 |" in r.stdout + r.stderr
     lines = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
@@ -59,7 +61,8 @@ def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files):
     assert any(m["llds/gate_rate"] > 0 for m in lines)
     assert (out / "checkpoint" / "config.json").exists() and not (out / "checkpoint.tmp").exists()
     assert (out / "rollouts_step1.jsonl").exists()
-
+    if amp == "bf16":
+        return
     ev = run("evaluate.py", "--model", str(out / "checkpoint"), "--data", files["q"], "--corpus", files["corpus"],
              "--max-new-tokens", "8", "--max-turns", "1", "--out", str(files["dir"] / "eval.json"))
     assert ev.returncode == 0, ev.stderr[-3000:]
@@ -95,13 +98,19 @@ def test_parse_args_rejects_unknown_choices():
         parse_args(["--llds-gate", "sentence"])
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1.3])
-def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature):
-    """Dropout in the config and T != 1: the rollout policy's log-probs recomputed for the update give ratio == 1."""
+@pytest.mark.parametrize("temperature, amp", [(0.7, False), (1.3, False), (0.7, True)])
+def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature, amp):
+    """Dropout in the config and T != 1: the rollout policy's log-probs recomputed for the update give ratio == 1;
+    also under bf16 autocast (--amp bf16), where old and current log-probs run the same bf16 passes."""
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = build_model(tok, seed=0, dropout=0.3)
     model.eval()  # as load_policy leaves it (test_p18_load_policy_turns_dropout_off checks that)
+    with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+        _ratio_is_one(model, tok, temperature)
+
+
+def _ratio_is_one(model, tok, temperature):
     eps = rollout(model, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS), group_size=2, max_turns=1,
                   max_new_tokens=12, max_obs_tokens=40, temperature=temperature, top_p=1.0)
     batch = collate(eps, tok.pad_token_id)
@@ -113,6 +122,33 @@ def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature):
     # and the log-probs are those of the temperature-scaled policy: at T=1 they differ
     other = batch_logp(model, batch, 2, 1.0, len(tok))
     assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
+
+
+def test_padding_is_cut_per_micro_batch_and_changes_nothing(monkeypatch):
+    """A row's logp/entropy in a batch padded for much longer rows equal the row collated alone; the model sees only
+    the micro-batch's own columns (the cut), and the padded positions come back as zeros."""
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0)
+
+    class E:  # the fields collate reads
+        def __init__(self, p, r):
+            self.prompt_ids, self.response_ids = p, r
+            self.loss_mask, self.answer_mask = [1] * len(r), [0] * len(r)
+
+    short, long_ = E([5, 6], [7, 8, 9]), E(list(range(10, 40)), list(range(40, 80)))
+    batch, alone = collate([short, long_], tok.pad_token_id), collate([short], tok.pad_token_id)
+    seen = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(kw["input_ids"].shape) or forward(**kw))
+    logp, ent = response_logp(model, batch, slice(0, 1), 1.0, len(tok), with_entropy=True)
+    ref_logp, ref_ent = response_logp(model, alone, slice(0, 1), 1.0, len(tok), with_entropy=True)
+    assert seen[0] == (1, 5) and logp.shape == (1, 40)  # 2 prompt + 3 response columns of the 70 in the batch
+    torch.testing.assert_close(logp[:, :3], ref_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent[:, :3], ref_ent, atol=1e-6, rtol=0)
+    assert logp[:, 3:].eq(0).all() and ent[:, 3:].eq(0).all()
+    both = batch_logp(model, batch, 2, 1.0, len(tok))  # and the long row is unchanged by sharing a micro-batch
+    torch.testing.assert_close(both[1:], batch_logp(model, batch, 1, 1.0, len(tok))[1:], atol=1e-5, rtol=0)
 
 
 def test_p9_p10_collate_masks_by_position_not_by_pad_value():
@@ -229,7 +265,7 @@ def test_train_same_rewards_in_process_and_served(files):
     """Issue 4 acceptance: one seeded short CPU job, run with the in-process retriever and against `python retriever.py
     serve` on localhost, gives the same rewards, the same metrics and the same trajectories (retrieved passages
     included), and evaluate.py runs against the server too; the model is taught to search first, so the retriever
-    really is exercised."""
+    really is exercised. Both runs use --amp bf16 (CPU autocast), so that path runs end to end as well."""
     model = teach_to_search(files["dir"] / "searcher", QUESTIONS)
     server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", files["corpus"], "--port", "0"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -241,7 +277,7 @@ def test_train_same_rewards_in_process_and_served(files):
         for name, extra in (("in_process", []), ("served", ["--retriever-url", url])):
             out = files["dir"] / f"same_{name}"
             r = run("train.py", "--model", model, "--train-data", files["q"], "--corpus", files["corpus"], "--steps",
-                    "2", "--seed", "1", "--out-dir", str(out), *SMALL, *extra)
+                    "2", "--seed", "1", "--out-dir", str(out), "--amp", "bf16", *SMALL, *extra)  # bf16 end to end too
             assert r.returncode == 0, r.stderr[-3000:]
             metrics = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
             runs[name] = ([{k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics],
@@ -346,6 +382,48 @@ def test_resume_is_exact(files, monkeypatch):
     w_res = load_file(files["dir"] / "cut" / "checkpoint" / "model.safetensors")
     assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
     assert full[2]["grpo/lr"] != full[0]["grpo/lr"]  # the schedule was live
+
+
+def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
+    """--amp bf16: autocast caches the bf16 copy of each Linear weight until its context exits, so one context around
+    the optimizer steps makes the second mini-batch and the after-update pass compute with the old Linear weights
+    (while embeddings and norms move on). Every log-prob forward of a run (old, ref, both mini-batches, after) must
+    give the logits that a fresh model holding the weights of that moment gives."""
+    import copy
+
+    import train
+
+    passes, hooks = [], []
+    real_load = train.load_policy
+
+    def load_and_watch(*a, **kw):
+        model, tok, device = real_load(*a, **kw)
+
+        def before(mod, args, kwargs):
+            if kwargs.get("use_cache") is False:  # the log-prob passes (generate uses the KV cache)
+                passes.append({"model": mod, "state": copy.deepcopy(mod.state_dict()), "kwargs": kwargs})
+
+        def after(mod, args, kwargs, out):
+            if kwargs.get("use_cache") is False:
+                passes[-1]["logits"] = out.logits.detach().clone()
+        hooks.append(model.register_forward_pre_hook(before, with_kwargs=True))
+        hooks.append(model.register_forward_hook(after, with_kwargs=True))
+        return model, tok, device
+
+    monkeypatch.setattr(train, "load_policy", load_and_watch)
+    train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2")
+    assert len(passes) == 4 * 4  # 8 trajectories in micro-batches of 2: old, ref, update (2 mini-batches), after
+    for h in hooks:
+        h.remove()
+    for i, p in enumerate(passes):
+        fresh = copy.deepcopy(p["model"])  # the policy, or the (bf16) reference
+        fresh.load_state_dict(p["state"])
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            logits = fresh(**p["kwargs"]).logits
+        torch.testing.assert_close(logits, p["logits"], atol=1e-3, rtol=0, msg=f"forward {i}")
+    policy = [p for p in passes if p["model"] is passes[0]["model"]]
+    moved = [p for p in policy if not torch.equal(p["state"]["lm_head.weight"], policy[0]["state"]["lm_head.weight"])]
+    assert len(moved) == 2 + 4  # the second mini-batch and the after pass saw updated weights
 
 
 def test_grad_ckpt_same_gradient_and_really_recomputes():
