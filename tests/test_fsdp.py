@@ -67,7 +67,8 @@ def test_update_is_micro_batch_invariant(single, micro):
 
 def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
     """torchrun train.py --fsdp on 2 ranks: rank-0 metrics and rollouts, a plain HF checkpoint, and a resume from the
-    step-2 checkpoint whose step 3 equals the uninterrupted run's (RNG per rank, optimizer shards, data order)."""
+    step-2 checkpoint whose step 3 equals the uninterrupted run's (RNG per rank, optimizer shards, data order), with
+    the reference resident in one and offloaded (--ref-offload) in the other."""
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
     model = save_tiny(tmp_path / "model")
@@ -75,8 +76,10 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
             str(tmp_path / "c.jsonl"), "--kl-coef", "0.01", "--llds", "0.1", "--warmup-ratio", "0", *SMALL]
     r = torchrun(*base, "--steps", "3", "--out-dir", str(tmp_path / "full"))
     assert r.stdout.count("step 1 |") == 1  # rank 0 prints, rank 1 does not
-    torchrun(*base, "--steps", "2", "--out-dir", str(tmp_path / "cut"))
-    torchrun(*base, "--steps", "3", "--out-dir", str(tmp_path / "cut"), "--resume", str(tmp_path / "cut"))
+    off = ["--ref-offload"]  # the interrupted run reads the reference from disk (rank 0 writes it): no number changes
+    torchrun(*base, *off, "--steps", "2", "--out-dir", str(tmp_path / "cut"))
+    torchrun(*base, *off, "--steps", "3", "--out-dir", str(tmp_path / "cut"), "--resume", str(tmp_path / "cut"))
+    assert not (tmp_path / "cut" / ".ref").exists()
     full, cut = [[json.loads(s) for s in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
                  for d in ("full", "cut")]
     assert [m["step"] for m in full] == [m["step"] for m in cut] == [1, 2, 3]

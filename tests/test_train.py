@@ -458,12 +458,27 @@ def test_grad_ckpt_same_gradient_and_really_recomputes():
 
 
 def test_ref_offload_gives_the_same_run(files):
-    """--ref-offload (reload the reference for each step's pass, free it before the update) changes memory, not
-    numbers: the same metrics as keeping the reference resident."""
-    kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2")
-    offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload")
+    """--ref-offload (write the reference once in --ref-dtype to OUT_DIR/.ref, reload it for each step's pass, free it
+    before the update) changes memory, not numbers: the same metrics as keeping the reference resident, in either
+    dtype; the copy is removed at the end."""
+    import train
+
+    kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2", "--ref-dtype", "float32")
+    loads = []
+    real_load = train.load_policy
+    train.load_policy = lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a)
+    try:
+        offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload",
+                                     "--ref-dtype", "float32")
+    finally:
+        train.load_policy = real_load
+    assert [n for n, *_ in loads] == ["model", "model", ".ref", ".ref"]  # policy, the copy's source, one per step
+    assert not (files["dir"] / "ref_off" / ".ref").exists()
     for a, b in zip(kept, offloaded, strict=True):
         for k in a:
             if not k.startswith("perf/"):
                 assert a[k] == b[k] or a[k] == pytest.approx(b[k], abs=1e-7), k
     assert kept[1]["grpo/kl"] > 0
+    bf16 = train_in_process(files, files["dir"] / "ref_kept16", "--steps", "2")  # the default --ref-dtype bfloat16
+    bf16_off = train_in_process(files, files["dir"] / "ref_off16", "--steps", "2", "--ref-offload")
+    assert [m["grpo/kl"] for m in bf16] == pytest.approx([m["grpo/kl"] for m in bf16_off], abs=1e-7)
