@@ -351,12 +351,13 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
                 logits_to_keep=torch.arange(P - 1, P + t - 1), use_cache=False)
     logits = out.logits[..., :vocab_size]  # [b, t, V] position j predicts response token j
     targets = cut("input_ids")[:, P:]  # [b, t]
-    if with_entropy:  # in chunks of positions, recomputed in backward: no [b, t, V] log-softmax/probs held whole
-        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)  # split: one
-                 for lg, tg in zip(logits.split(64, 1), targets.split(64, 1))]  # grad buffer, not one per slice
+    chunks = list(zip(logits.split(64, 1), targets.split(64, 1)))  # no [b, t, V] fp32 log-softmax held whole
+    if with_entropy:  # each chunk recomputed in backward; split: one gradient buffer, not one per slice
+        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False) for lg, tg in chunks]
         logp, entropy = torch.cat([lp for lp, _ in parts], 1), torch.cat([h for _, h in parts], 1)
         return F.pad(logp, (0, T - t)), F.pad(entropy, (0, T - t))  # [b, T], [b, T]
-    return F.pad(logp_from_logits(logits, targets, temperature), (0, T - t)), None
+    logp = torch.cat([logp_from_logits(lg, tg, temperature) for lg, tg in chunks], 1)  # [b, t]
+    return F.pad(logp, (0, T - t)), None
 
 
 @torch.no_grad()
