@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 DATA = ROOT.parent / "shared" / "data"
 STEP_FLAGS = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "64",
-              "--max-obs-tokens", "160", "--mini-batch-size", "4", "--micro-batch-size", "1", "--lr", "1e-5",
+              "--max-obs-tokens", "160", "--mini-batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-5",
               "--grad-ckpt", "--ref-offload", "--llds", "0.1", "--warmup-ratio", "0"]
 
 
