@@ -54,7 +54,7 @@ class Args:
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     """hub id, local folder (e.g. a checkpoint/), or a .gguf file"""
     dtype: str = "auto"
-    """float32 | bfloat16 | auto (bfloat16 on GPU, float32 on CPU)"""
+    """weights: float32 | bfloat16 | auto (float32 master weights; bf16 compute comes from --amp or FSDP)"""
     amp: str = "auto"
     """bf16 autocast over fp32 master weights: auto (on one GPU; FSDP has its own mixed precision) | bf16 (also on a
     CPU with bf16 units, AVX512-BF16/AMX: ~1.7x faster forward+backward, ~2x generation; without them it is slower) |
@@ -161,7 +161,10 @@ def parse_args(argv=None) -> Args:
     lines = src.splitlines()
     for i, line in enumerate(lines[:-1]):
         if ":" in line and "=" in line and lines[i + 1].strip().startswith('"""'):
-            docs[line.split(":")[0].strip()] = lines[i + 1].strip().strip('"')
+            j = i + 1  # the docstring may run over several lines: up to the one that closes it
+            while not (lines[j].strip().endswith('"""') and (j > i + 1 or lines[j].strip().count('"""') == 2)):
+                j += 1
+            docs[line.split(":")[0].strip()] = " ".join(x.strip() for x in lines[i + 1:j + 1]).strip('"')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Args):
         kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else \
