@@ -457,7 +457,7 @@ def test_grad_ckpt_same_gradient_and_really_recomputes():
     assert parse_args(["--grad-ckpt"]).grad_ckpt and not parse_args([]).grad_ckpt
 
 
-def test_ref_offload_gives_the_same_run(files):
+def test_ref_offload_gives_the_same_run(files, monkeypatch):
     """--ref-offload (write the reference once in --ref-dtype to OUT_DIR/.ref, reload it for each step's pass, free it
     before the update) changes memory, not numbers: the same metrics as keeping the reference resident, in either
     dtype; the copy is removed at the end."""
@@ -466,12 +466,10 @@ def test_ref_offload_gives_the_same_run(files):
     kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2", "--ref-dtype", "float32")
     loads = []
     real_load = train.load_policy
-    train.load_policy = lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a)
-    try:
-        offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload",
-                                     "--ref-dtype", "float32")
-    finally:
-        train.load_policy = real_load
+    monkeypatch.setattr(train, "load_policy", lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a))
+    offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload",
+                                 "--ref-dtype", "float32")
+    monkeypatch.undo()
     assert [n for n, *_ in loads] == ["model", "model", ".ref", ".ref"]  # policy, the copy's source, one per step
     assert not (files["dir"] / "ref_off" / ".ref").exists()
     for a, b in zip(kept, offloaded, strict=True):
