@@ -16,7 +16,8 @@ questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them
     python evaluate.py plot runs/l0 runs/l02 --out spiral.png     # Fig. 2-style panels from metrics.jsonl
 
 Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
-(--out, default <model folder>/eval.json or eval.json).
+(--out, default <model folder>/eval.json or eval.json). The records also go to the .jsonl beside it (eval.jsonl) as
+they are produced, so an evaluation that stops early keeps what it scored; --out is checked before anything runs.
 """
 
 import argparse
@@ -32,9 +33,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from checkpoint import atomic_write
+from policy import load_policy
 from retriever import make_retriever
 from rollout import em_check, load_questions, normalize_answer, rollout
-from train import atomic_write, load_policy
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev", "2wikimultihopqa": "dev",
@@ -243,6 +245,7 @@ def main(argv=None):
                     help="print the paper's EM rows (label containing ROWS, e.g. 3B-Ins; all if empty) beside ours")
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
+    ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
     ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     ap.add_argument("--max-turns", type=int, default=4, help="search budget (the paper evaluates with 4)")
@@ -254,6 +257,15 @@ def main(argv=None):
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json (or ./eval.json for a hub id)")
     args = ap.parse_args(argv)
+    for flag, low in (("limit", 0), ("max_turns", 0), ("max_new_tokens", 1), ("max_obs_tokens", 1), ("topk", 1),
+                      ("batch_size", 1)):
+        if getattr(args, flag) < low:
+            ap.error(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
+    if not args.retriever_timeout > 0:
+        ap.error(f"--retriever-timeout must be > 0 seconds, got {args.retriever_timeout}")
+    model_dir = Path(args.model)
+    out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
+    records_file = out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
 
     try:  # bad input: one clear line naming the file/line/field
         if not args.data and not args.benchmarks:
@@ -261,9 +273,14 @@ def main(argv=None):
         sets = [load_questions(d, args.split) for d in args.data]
         sets += [load_benchmark(b) for b in (benchmark_names(args.benchmarks) if args.benchmarks else [])]
         rows = [r for s in sets for r in select(s, args.limit, args.seed)]
-        retriever = make_retriever(args.corpus, args.retriever_url)
+        try:  # before the model loads: an unwritable --out would lose the whole evaluation at the end
+            out.parent.mkdir(parents=True, exist_ok=True)
+            records_out = open(records_file, "w", encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"--out {out}: cannot write there ({err.strerror}: {err.filename})") from None
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
-    except (FileNotFoundError, ValueError, ConnectionError) as err:
+    except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
 
     t0, records, bar = time.time(), [], tqdm(total=len(rows), desc="evaluating", unit="q", dynamic_ncols=True)
@@ -281,8 +298,11 @@ def main(argv=None):
                             "f1": f1_score(e.answer, e.golden_answers), "sub_em": sub_em(e.answer, e.golden_answers),
                             "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
                             "searches": e.num_searches, "retrieved_titles": titles, "text": e.text})
+            records_out.write(json.dumps(records[-1]) + "\n")
+        records_out.flush()  # what is scored so far survives a crash or a kill
         bar.update(len(batch))
     bar.close()
+    records_out.close()
 
     table = score_table(records)
     print("\n" + "\n".join(table_lines(table, args.topk)))
@@ -290,13 +310,13 @@ def main(argv=None):
     if args.compare_paper is not None:
         print("\n" + "\n".join(compare_lines(table, args.compare_paper)))
 
-    model_dir = Path(args.model)
-    out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
-                                  "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
-                                  "scores": table, "records": records}, indent=1))  # never half a JSON file
-    print(f"wrote {out}")
+    try:
+        atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
+                                      "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
+                                      "scores": table, "records": records}, indent=1))  # never half a JSON file
+    except OSError as err:
+        raise SystemExit(f"error: cannot write {out} ({err.strerror}); the records are in {records_file}") from None
+    print(f"wrote {out} (records also in {records_file})")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -18,16 +18,21 @@ reduced over ranks, so the loss is the same as one process's (tests/test_fsdp.py
 world size: only seeding (seed + rank), printing and saving (rank 0) do.
 
 Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text),
-checkpoint/ (save_pretrained + trainer_state.pt, written to a temp folder and renamed). Rerun the same command with
-`--resume <out-dir>` to continue exactly where that checkpoint left off. `python train.py --help` lists every option.
+checkpoints/step_N/ (save_pretrained + trainer_state.pt, every --save-every steps, at the end and on Ctrl-C/SIGTERM;
+checkpoint.py: a kill or a full disk never leaves less than one complete checkpoint). Rerun the same command with
+`--resume <out-dir>` to continue exactly from the newest complete one. An out-dir that holds a run is not reused
+without --resume or --overwrite. `python train.py --help` lists every option.
 """
 
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +41,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint as activation_checkpoint  # recompute in backward
 from tqdm import tqdm
 
+import checkpoint
+from checkpoint import atomic_write
 from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
 from llds import likelihood_diagnostics, lld_alarm, llds_loss, ma_beta
+from policy import load_policy
 from retriever import make_retriever
-from rollout import load_questions, rollout
+from rollout import load_questions, observation_ids, rollout
 
 
 LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty")  # normalised by the mini-batch: micro-batch values add up
@@ -70,6 +78,8 @@ class Args:
     """retrieval corpus, jsonl rows {"id", "contents": '"Title"\\ntext'} (wiki-18 format)"""
     retriever_url: str = ""
     """Search-R1 /retrieve server (e.g. http://127.0.0.1:8000/retrieve, `python retriever.py serve`); "" = in-process"""
+    retriever_timeout: float = 30.0
+    """seconds to wait for each --retriever-url request (it is tried 3 times, with a warning line after each failure)"""
     # --- rollout
     prompts_per_step: int = 512
     """questions per rollout batch (paper: 512)"""
@@ -143,12 +153,33 @@ class Args:
     """write a few full trajectories every N steps (and at step 1)"""
     num_log_rollouts: int = 4
     """trajectories per rollouts file"""
-    save_every: int = 0
-    """also save a checkpoint every N steps (0: only at the end)"""
+    save_every: int = 10
+    """save a checkpoint every N steps (also at the last step, and at the end of the step in progress on Ctrl-C or
+    SIGTERM)"""
+    keep_checkpoints: int = 1
+    """complete checkpoints to keep (the newest; an older one is deleted only once a newer one is complete)"""
     alarm_k: int = 3
     """LLD alarm: warn when the correct responses' likelihood change is <= 0 for this many steps (llds.lld_alarm)"""
     resume: str = ""
-    """run dir to continue exactly from its checkpoint/ (weights, optimizer, scheduler, RNG, data order, step)"""
+    """run dir to continue exactly from its newest complete checkpoint (weights, optimizer, scheduler, RNG, data order,
+    step), or one checkpoints/step_N folder"""
+    overwrite: bool = False
+    """start afresh in an --out-dir that holds a run: delete its metrics, rollouts and checkpoints first"""
+
+
+_at_least = lambda n: (lambda v: v >= n, f">= {n}")  # noqa: E731
+RANGES = {  # Args field -> (valid?, the valid range in words)
+    "seed": _at_least(0), "prompts_per_step": _at_least(1), "group_size": _at_least(1), "max_turns": _at_least(0),
+    "max_new_tokens": _at_least(1), "max_obs_tokens": _at_least(1), "topk": _at_least(1),
+    "gen_batch_size": _at_least(1), "steps": _at_least(1), "mini_batch_size": _at_least(1),
+    "micro_batch_size": _at_least(1), "max_bad_steps": _at_least(1), "log_rollouts_every": _at_least(1),
+    "num_log_rollouts": _at_least(0), "save_every": _at_least(1), "keep_checkpoints": _at_least(1),
+    "alarm_k": _at_least(1), "weight_decay": _at_least(0), "kl_coef": _at_least(0), "entropy_coef": _at_least(0),
+    "llds": _at_least(0),
+    "temperature": (lambda v: v > 0, "> 0"), "lr": (lambda v: v > 0, "> 0"), "grad_clip": (lambda v: v > 0, "> 0"),
+    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
 
 
 def parse_args(argv=None) -> Args:
@@ -174,49 +205,28 @@ def parse_args(argv=None) -> Args:
     args = Args(**vars(ap.parse_args(argv)))
     choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
                "llds_ma": ("off", "code", "paper"), "ref_dtype": ("bfloat16", "float32"),
-               "amp": ("auto", "bf16", "off"),
+               "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
                "kl_type": ("k1", "k2", "k3", "low_var_kl"),
                "loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
     for name, ok in choices.items():
         if getattr(args, name) not in ok:
             ap.error(f"--{name.replace('_', '-')} must be one of {ok}, got {getattr(args, name)!r}")
-    if args.mini_batch_size < 1 or args.micro_batch_size < 1 or args.prompts_per_step < 1 or args.group_size < 1:
-        ap.error("batch sizes and --group-size must be >= 1")
+    for name, (ok, valid) in RANGES.items():  # every number is checked here, not at step 1 deep inside a library
+        value = getattr(args, name)
+        if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
+            ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
+    if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
+        ap.error(f"--device must be cpu, cuda, cuda:N or auto, got {args.device!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False); "
+                 "use --device cpu, or install a CUDA build of torch")
     return args
 
 
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# Model loading (shared with evaluate.py)
-
-
-def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
-    """(model, tokenizer, device) from a hub id, a local folder or a .gguf file (transformers' gguf_file=, de-quantised).
-
-    The model is put in eval mode and stays there: dropout is off in every log-prob pass (P18); gradients still flow.
-    Raises SystemExit with a clear message for a local path that does not exist.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
-                   "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    path = Path(name).expanduser()
-    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.endswith(".gguf") or name.count("/") > 1
-    if looks_local and not path.exists():
-        raise SystemExit(f"error: --model {name}: no such folder or file (pass a hub id, a model folder or a .gguf)")
-    kw = {}
-    if path.is_file() and path.suffix == ".gguf":
-        name, kw = str(path.parent), {"gguf_file": path.name}
-    elif path.exists():
-        name = str(path)
-    tokenizer = AutoTokenizer.from_pretrained(name, **kw)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, **kw)  # GGUF: de-quantised, trainable
-    if kw:  # de-quantised weights are plain floats: let save_pretrained write them (it refuses "gguf-quantised")
-        model.hf_quantizer = None
-        model.config.__dict__.pop("quantization_config", None)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer, device
+# Gradient checkpointing
 
 
 def enable_grad_ckpt(model):
@@ -227,7 +237,7 @@ def enable_grad_ckpt(model):
     """
     for layer in model.model.layers:
         def forward(*a, _f=layer.forward, **kw):
-            return checkpoint(_f, *a, use_reentrant=False, **kw) if torch.is_grad_enabled() else _f(*a, **kw)
+            return activation_checkpoint(_f, *a, use_reentrant=False, **kw) if torch.is_grad_enabled() else _f(*a, **kw)
         layer.forward = forward
 
 
@@ -358,7 +368,7 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
     targets = cut("input_ids")[:, P:]  # [b, t]
     chunks = list(zip(logits.split(64, 1), targets.split(64, 1)))  # no [b, t, V] fp32 log-softmax held whole
     if with_entropy:  # each chunk recomputed in backward; split: one gradient buffer, not one per slice
-        parts = [checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)
+        parts = [activation_checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)
                  for lg, tg in chunks]
         logp, entropy = torch.cat([lp for lp, _ in parts], 1), torch.cat([h for _, h in parts], 1)
         return F.pad(logp, (0, T - t)), F.pad(entropy, (0, T - t))  # [b, T], [b, T]
@@ -374,32 +384,79 @@ def batch_logp(model, batch, micro_batch_size, temperature, vocab_size) -> torch
                       for i in range(0, B, micro_batch_size)])
 
 
-def atomic_write(path: Path, text: str):
-    """Write text to path via a temp file + rename, so a crash never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, step: int, state: dict, keep: int) -> Path | None:
+    """Save checkpoint `step` as OUT_DIR/checkpoints/step_N (checkpoint.save: a kill or a full disk at any point leaves
+    the previous one complete): the model as save_pretrained writes it (evaluate.py and --model read the folder as it
+    is), and trainer_state.pt = `state` + the optimizer state + every rank's RNG state, for an exact --resume.
+    Under FSDP every rank joins the gathers (full state dicts) and rank 0 writes. Returns the folder (None on the other
+    ranks). Raises OSError when the disk is full or not writable, the earlier checkpoints untouched."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
 
-
-def save_checkpoint(model, tokenizer, out_dir: Path, name: str = "checkpoint", state: dict | None = None):
-    """save_pretrained (and `state`, for --resume, as trainer_state.pt) into <name>.tmp, then swap it in: a kill while
-    saving leaves the previous checkpoint intact. evaluate.py reads the folder as a plain model. Under FSDP every rank
-    joins the gather of the full state dict and rank 0 writes; `state` must then hold full (gathered) states."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=full)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+           torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    rngs = [rng] * (dist.get_world_size() if dist.is_initialized() else 1)  # every rank samples its own rollouts
+    if dist.is_initialized():
+        dist.all_gather_object(rngs, rng)
+    state = {**state, "step": step, "optimizer": get_optimizer_state_dict(model, optimizer, options=full), "rng": rngs}
     if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+
+    def write(folder: Path):
+        model.save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        torch.save(state, folder / "trainer_state.pt")
+
+    return checkpoint.save(out_dir, step, write, keep)
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """trainer_state.pt of a checkpoint folder (see save_checkpoint). Raises ValueError naming the file if it cannot be
+    read (a damaged file that kept its size; checkpoint.verify already caught truncation)."""
+    try:
+        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{ckpt / 'trainer_state.pt'}: missing (a model folder, not a training checkpoint)")
+    except Exception as err:  # what unpickling a damaged file raises: EOFError, UnpicklingError, RuntimeError, ...
+        raise ValueError(f"{ckpt / 'trainer_state.pt'}: unreadable ({type(err).__name__}: {err}); resume from an "
+                         "earlier checkpoints/step_N folder") from None
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """While active, SIGINT (Ctrl-C) and SIGTERM do not kill the run: they are recorded in the yielded list, and the
+    loop saves and stops at the end of the step in progress. A second Ctrl-C in one process stops at once (no save);
+    under torchrun, whose agent forwards the signal to the ranks again, repeats are ignored. Handlers are restored on
+    exit. Outside the main thread (signals cannot be caught there) it yields a list that stays empty."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
         return
-    final, tmp, old = out_dir / name, out_dir / f"{name}.tmp", out_dir / f"{name}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights)
-    tokenizer.save_pretrained(tmp)
-    if state is not None:
-        torch.save(state, tmp / "trainer_state.pt")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+
+    def on_signal(signum, _frame):
+        if received and signum == signal.SIGINT and not dist.is_initialized():
+            raise KeyboardInterrupt
+        if not received:
+            print0(f"{signal.Signals(signum).name}: stopping after this step and its checkpoint (Ctrl-C again: stop at "
+                   "once, without saving)")
+        received.append(signum)
+
+    before = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
+    """True if every weight (this rank's shards) and every response-token log-prob `logp` [B, T] is finite, on every
+    rank. An update can leave finite but huge weights whose forward pass overflows: the log-probs catch that."""
+    bad = sum(int(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in model.parameters())
+    bad += int(not torch.isfinite(logp[loss_mask > 0]).all())
+    return all_reduce([bad])[0] == 0
 
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int,
@@ -464,6 +521,70 @@ def print0(*a):
         tqdm.write(" ".join(str(x) for x in a))
 
 
+def check_out_dir(out_dir: Path, resume: str, ckpt: Path | None, step: int, overwrite: bool) -> bool:
+    """Whether --out-dir may be used: raises ValueError (one line) for an out-dir that holds a run (metrics.jsonl or
+    checkpoints/), unless --resume continues that run from its newest checkpoint or --overwrite asks to start afresh.
+    Returns True when the run files in it are to be deleted first: --overwrite, or --resume of a run that saved no
+    complete checkpoint yet (it starts over, and its metrics would not match)."""
+    held = [p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()]
+    inside = ckpt is not None and ckpt.resolve().is_relative_to(out_dir.resolve())
+    if overwrite and inside:
+        raise ValueError(f"--overwrite would delete the checkpoint --resume {ckpt} continues from")
+    if not held:
+        return False
+    if overwrite or (resume and ckpt is None and Path(resume).resolve() == out_dir.resolve()):
+        return True
+    if ckpt is None:
+        raise ValueError(f"--out-dir {out_dir} holds a run ({', '.join(held)}): continue it with --resume {out_dir}, "
+                         "or pass --overwrite to start afresh (deletes its metrics, rollouts and checkpoints)")
+    if not inside:
+        raise ValueError(f"--out-dir {out_dir} holds another run ({', '.join(held)}): continuing {ckpt} there would "
+                         "overwrite it; choose an empty --out-dir (or --overwrite)")
+    newer = [s for s, p in checkpoint.checkpoints(out_dir) if s > step and checkpoint.verify(p) is None]
+    if newer:
+        raise ValueError(f"--resume {ckpt}: {out_dir} has a newer checkpoint (step {newer[-1]}); continue from it "
+                         f"(--resume {out_dir}) or write this branch to another --out-dir")
+    return False
+
+
+def start_out_dir(out_dir: Path, args: Args, clear: bool):
+    """Create --out-dir, delete the run files in it if `clear` (check_out_dir), and write args.json."""
+    if clear:
+        for f in [out_dir / "metrics.jsonl", *out_dir.glob("rollouts_step*.jsonl")]:
+            f.unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
+
+
+def newest_checkpoint_note(out_dir: Path) -> str:
+    """One sentence: where a rerun with --resume continues from."""
+    found = checkpoint.latest(out_dir, warn=lambda _: None)
+    return f"--resume {out_dir} continues from {found}." if found else "No checkpoint was saved yet."
+
+
+@contextlib.contextmanager
+def io_errors_stop_the_run(out_dir: Path):
+    """An OSError during the run (disk full or read-only, a retrieval server that stopped answering) ends it with one
+    line saying what failed and where --resume continues from, not a traceback. Nothing already saved is touched."""
+    try:
+        yield
+    except OSError as err:
+        raise SystemExit(f"error: {err}. {newest_checkpoint_note(out_dir)}") from None
+
+
+@contextlib.contextmanager
+def diverged_sampling(step: int):
+    """Sampling from a policy whose logits overflowed fails inside torch.multinomial; say what it means instead."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "probability tensor contains" not in str(err):
+            raise
+        raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower --lr)") \
+            from None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -474,17 +595,21 @@ def main(args: Args):
         raise SystemExit(f"error: --prompts-per-step {args.prompts_per_step} and --mini-batch-size "
                          f"{args.mini_batch_size} must be multiples of the {world} ranks")
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
     try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
-        ckpt = Path(args.resume) / "checkpoint"
-        state = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False) if args.resume else None
+        ckpt = checkpoint.resolve(args.resume, warn=print0) if args.resume else None
+        state = load_trainer_state(ckpt) if ckpt else None
+        clear = check_out_dir(out_dir, args.resume, ckpt, state["step"] if state else 0, args.overwrite)
         rows = load_questions(args.train_data)
-        retriever = make_retriever(args.corpus, args.retriever_url)
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
+        if args.prompts_per_step > len(rows):
+            raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the {len(rows)} questions in "
+                             f"{args.train_data}: each step takes that many distinct questions")
         # "auto": fp32 master weights; on GPU the passes run in bf16 (autocast, or FSDP's mixed precision)
         dtype = "float32" if args.dtype == "auto" else args.dtype
-        model, tokenizer, device = load_policy(str(ckpt) if state else args.model, dtype, device)
+        model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
+        observation_ids("", tokenizer, args.max_obs_tokens)  # ValueError if --max-obs-tokens cannot hold the tags
+        if rank == 0:
+            start_out_dir(out_dir, args, clear)
 
         ref_path = out_dir / ".ref"  # --ref-offload: the reference, written once in --ref-dtype
         if args.ref_offload and args.kl_coef != 0.0:  # reading it back is a plain memory map; reading --model each
@@ -501,10 +626,12 @@ def main(args: Args):
             return shard(ref.requires_grad_(False)) if args.fsdp else ref.requires_grad_(False)
 
         ref_model = reference() if args.kl_coef != 0.0 and not args.ref_offload else None
-    except (FileNotFoundError, ValueError, ConnectionError) as err:
+    except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if state and len(state["rng"]) != world:
         raise SystemExit(f"error: {ckpt} was saved by {len(state['rng'])} ranks; resume with the same number")
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 has cleared an --overwrite out-dir
     if args.grad_ckpt:
         enable_grad_ckpt(model)
     if args.fsdp:
@@ -537,103 +664,107 @@ def main(args: Args):
             torch.cuda.set_rng_state_all(rng[3])
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
         print0(f"resumed {ckpt} at step {state['step']}")
-    for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
-        t0 = time.time()
-        if len(order) < args.prompts_per_step:
-            order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
-        batch_rows, order = [rows[i] for i in order[: args.prompts_per_step]], order[args.prompts_per_step:]
-        share = args.prompts_per_step // world  # this rank's prompts: whole groups stay on one rank
-        batch_rows = batch_rows[rank * share:(rank + 1) * share]
+    if start > args.steps:
+        print0(f"nothing to do: {ckpt} is at step {start - 1} and --steps is {args.steps}")
+    with stop_requests() as stop, io_errors_stop_the_run(out_dir):  # Ctrl-C/SIGTERM: save at the step's end
+        for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
+            t0 = time.time()
+            if len(order) < args.prompts_per_step:
+                order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
+            batch_rows, order = [rows[i] for i in order[: args.prompts_per_step]], order[args.prompts_per_step:]
+            share = args.prompts_per_step // world  # this rank's prompts: whole groups stay on one rank
+            batch_rows = batch_rows[rank * share:(rank + 1) * share]
 
-        # --- rollout and reward
-        with full_weights(model), amp():
-            episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
-                               max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                               max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
-                               top_p=args.top_p, gen_batch_size=args.gen_batch_size)
-        t_rollout = time.time() - t0
-        rewards = torch.tensor([e.reward for e in episodes])  # [B]
-        # NOTE(departure): groups keyed by per-batch prompt id, not Search-R1's uid = dataset index (P4)
-        adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
-        batch = collate(episodes, tokenizer.pad_token_id)
-        with amp():
-            old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T]
-            ref = reference() if args.kl_coef != 0.0 and args.ref_offload else ref_model
-            ref_logp = batch_logp(ref, batch, args.micro_batch_size, args.temperature, vocab_size) \
-                if ref is not None else None
-            del ref  # with --ref-offload its memory is free again before the update
-        weight = None
-        if args.llds_ma != "off":  # LLDS-MA: beta on the final answer span, 1 elsewhere
-            searches = all_reduce([sum(e.num_searches for e in episodes), len(episodes)])
-            weight = 1.0 + (ma_beta(searches[0] / searches[1], args.llds_ma) - 1.0) * batch["answer_mask"]
-        t_update = time.time()
+            # --- rollout and reward
+            with full_weights(model), amp(), diverged_sampling(step):
+                episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
+                                   max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
+                                   top_p=args.top_p, gen_batch_size=args.gen_batch_size)
+            t_rollout = time.time() - t0
+            rewards = torch.tensor([e.reward for e in episodes])  # [B]
+            # NOTE(departure): groups keyed by per-batch prompt id, not Search-R1's uid = dataset index (P4)
+            adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
+            batch = collate(episodes, tokenizer.pad_token_id)
+            with amp():
+                old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T]
+                ref = reference() if args.kl_coef != 0.0 and args.ref_offload else ref_model
+                ref_logp = batch_logp(ref, batch, args.micro_batch_size, args.temperature, vocab_size) \
+                    if ref is not None else None
+                del ref  # with --ref-offload its memory is free again before the update
+            weight = None
+            if args.llds_ma != "off":  # LLDS-MA: beta on the final answer span, 1 elsewhere
+                searches = all_reduce([sum(e.num_searches for e in episodes), len(episodes)])
+                weight = 1.0 + (ma_beta(searches[0] / searches[1], args.llds_ma) - 1.0) * batch["answer_mask"]
+            t_update = time.time()
 
-        # --- updates
-        per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,
-                                               vocab_size, args.mini_batch_size // world, amp(cache=False))
-        with amp():
-            new_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # after
-        for ok in stepped:  # consecutive skipped optimizer steps, across rollout steps
-            bad = 0 if ok else bad + 1
-        lr = optimizer.param_groups[0]["lr"]  # the lr this step used
-        scheduler.step()
+            # --- updates
+            per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,
+                                                   vocab_size, args.mini_batch_size // world, amp(cache=False))
+            with amp():
+                new_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # after
+            healthy = finite(model, new_logp, batch["loss_mask"])
+            for ok in stepped:  # consecutive skipped optimizer steps, across rollout steps
+                bad = 0 if ok else bad + 1
+            lr = optimizer.param_groups[0]["lr"]  # the lr this step used
+            scheduler.step()
 
-        # --- log: every rank's trajectories, gathered
-        loss_mask = gather_rows(batch["loss_mask"])
-        stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions] for e in episodes]))
-        rewards = stats[:, 0]
-        metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
-        metrics.update({
-            "step": step,
-            "rollout/reward": rewards.mean().item(),
-            "rollout/searches_per_traj": stats[:, 1].mean().item(),
-            "rollout/valid_action_ratio": stats[:, 3].sum().item() / max(stats[:, 2].sum().item(), 1),
-            "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
-            "rollout/frac_zero_std_groups": float(np.mean([len(set(g.tolist())) == 1
-                                                           for g in rewards.split(args.group_size)])),
-            "grpo/grad_norm": float(np.mean(grad_norms)),
-            "grpo/skipped_steps": stepped.count(False),
-            "grpo/lr": lr,
-        })
-        metrics.update(likelihood_diagnostics(gather_rows(old_logp), gather_rows(new_logp), loss_mask, rewards))
-        history.append(metrics)
-        new_phase = lld_alarm([m.get("diag/delta_correct") for m in history],
-                              [m["grpo/grad_norm"] for m in history], k=args.alarm_k)
-        metrics["alarm/phase"] = new_phase
-        if new_phase and new_phase != phase:
-            print0(f"LLD alarm at step {step}: {new_phase} (the likelihood of correct responses fell or stalled for "
-                   f"{args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
-        phase = new_phase
-        metrics.update({"perf/rollout_s": t_rollout, "perf/logp_s": t_update - t0 - t_rollout,
-                        "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
-        if rank == 0:
-            atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
-        print0(f"step {step} | reward {metrics['rollout/reward']:.3f} | pg {metrics['grpo/pg_loss']:.4f} | "
-               f"kl {metrics.get('grpo/kl', 0.0):.5f} | llds {metrics['llds/penalty']:.5f} | "
-               f"gate {metrics['llds/gate_rate']:.2f} | clip {metrics['grpo/clip_frac']:.3f} | "
-               f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
-               f"{metrics['perf/step_s']:.0f}s")
-        if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
-            recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
-                     "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
-                    for i, e in enumerate(episodes[: args.num_log_rollouts])]
-            atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
-        if bad >= args.max_bad_steps:
-            raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
-                             f"skipped (step {step}): the policy collapsed or diverged, see {out_dir}/metrics.jsonl")
-        if (args.save_every and step % args.save_every == 0) or step == args.steps:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                   torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-            rngs = [rng] * world  # every rank's RNG: each samples its own rollouts
-            if dist.is_initialized():
-                dist.all_gather_object(rngs, rng)
-            optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            save_checkpoint(model, tokenizer, out_dir, state={
-                "step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rngs,
-                "order": order, "bad": bad, "history": history})
-    print0(f"saved {out_dir / 'checkpoint'}")
+            # --- log: every rank's trajectories, gathered
+            loss_mask = gather_rows(batch["loss_mask"])
+            stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions] for e in episodes]))
+            rewards = stats[:, 0]
+            metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
+            metrics.update({
+                "step": step,
+                "rollout/reward": rewards.mean().item(),
+                "rollout/searches_per_traj": stats[:, 1].mean().item(),
+                "rollout/valid_action_ratio": stats[:, 3].sum().item() / max(stats[:, 2].sum().item(), 1),
+                "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
+                "rollout/frac_zero_std_groups": float(np.mean([len(set(g.tolist())) == 1
+                                                               for g in rewards.split(args.group_size)])),
+                "grpo/grad_norm": float(np.mean(grad_norms)),
+                "grpo/skipped_steps": stepped.count(False),
+                "grpo/lr": lr,
+            })
+            metrics.update(likelihood_diagnostics(gather_rows(old_logp), gather_rows(new_logp), loss_mask, rewards))
+            history.append(metrics)
+            new_phase = lld_alarm([m.get("diag/delta_correct") for m in history],
+                                  [m["grpo/grad_norm"] for m in history], k=args.alarm_k)
+            metrics["alarm/phase"] = new_phase
+            if new_phase and new_phase != phase:
+                print0(f"LLD alarm at step {step}: {new_phase} (the likelihood of correct responses fell or stalled for "
+                       f"{args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
+            phase = new_phase
+            metrics.update({"perf/rollout_s": t_rollout, "perf/logp_s": t_update - t0 - t_rollout,
+                            "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
+            if rank == 0:
+                atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
+            print0(f"step {step} | reward {metrics['rollout/reward']:.3f} | pg {metrics['grpo/pg_loss']:.4f} | "
+                   f"kl {metrics.get('grpo/kl', 0.0):.5f} | llds {metrics['llds/penalty']:.5f} | "
+                   f"gate {metrics['llds/gate_rate']:.2f} | clip {metrics['grpo/clip_frac']:.3f} | "
+                   f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
+                   f"{metrics['perf/step_s']:.0f}s")
+            if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
+                recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
+                         "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
+                        for i, e in enumerate(episodes[: args.num_log_rollouts])]
+                atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+            if bad >= args.max_bad_steps:
+                raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
+                                 f"skipped (step {step}): the policy collapsed or diverged, see {out_dir}/metrics.jsonl")
+            if not healthy:  # never a checkpoint of a diverged policy; the sampling of the next step would crash
+                raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs (the policy "
+                                 f"diverged; --lr {args.lr:g}?); not saved. {newest_checkpoint_note(out_dir)}")
+            stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
+            if step % args.save_every == 0 or step == args.steps or stopping:
+                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {
+                    "scheduler": scheduler.state_dict(), "order": order, "bad": bad, "history": history},
+                    args.keep_checkpoints)
+                if saved:
+                    print0(f"saved {saved}")
+            if stopping:
+                print0(f"stopped after step {step}; continue with the same command and --resume {out_dir}")
+                raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
     if rank == 0:
         shutil.rmtree(ref_path, ignore_errors=True)
     if dist.is_initialized():
@@ -641,4 +772,8 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    args = parse_args()
+    try:
+        main(args)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without saving the step in progress
+        raise SystemExit(f"interrupted. {newest_checkpoint_note(Path(args.out_dir))}") from None

@@ -96,7 +96,7 @@ def child_rollout(model: str, questions: int, amp: str):
 
     from retriever import make_retriever
     from rollout import load_questions, rollout
-    from train import load_policy
+    from policy import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
     rows = load_questions(str(DATA / "hotpotqa_train.jsonl"))[:questions]

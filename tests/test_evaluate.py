@@ -244,6 +244,39 @@ def test_eval_end_to_end_on_the_tiny_model(tmp_path, capsys):
     assert res["scores"]["HotpotQA"]["n"] == 1 and res["scores"]["average"]["n"] == 2
 
 
+def test_unwritable_out_fails_before_the_model_loads(tmp_path):
+    """Today's main found out after the whole evaluation and lost every record. (As root every folder is writable,
+    so the parent of --out is a regular file here.)"""
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "q?", "golden_answers": ["a"]}) + "\n")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=re.escape(f"error: --out {tmp_path}/file/eval.json: cannot write there")):
+        E.main(["--model", "never/loaded", "--data", str(tmp_path / "q.jsonl"), "--out",
+                str(tmp_path / "file" / "eval.json")])
+
+
+def test_records_are_written_as_they_are_produced(tmp_path, monkeypatch):
+    """A crash in the second batch keeps the first batch's records in eval.jsonl."""
+    model = save_tiny(tmp_path / "model")
+    rows = [{"question": f"Where is thing {i}", "golden_answers": ["Paris"]} for i in range(3)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
+    calls, real = [0], E.rollout
+
+    def crash_second(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("killed in batch 2")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(E, "rollout", crash_second)
+    out = tmp_path / "eval.json"
+    with pytest.raises(RuntimeError, match="killed in batch 2"):
+        E.main(["--model", model, "--data", str(tmp_path / "q.jsonl"), "--corpus", str(tmp_path / "c.jsonl"),
+                "--max-turns", "0", "--max-new-tokens", "4", "--batch-size", "2", "--out", str(out)])
+    kept = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in kept] == ["Where is thing 0", "Where is thing 1"] and not out.exists()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Plot
 

@@ -89,8 +89,9 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
             assert a == b if not isinstance(a, float) else a == pytest.approx(b, abs=1e-6, rel=0), k
     assert full[0]["rollout/response_tokens"] > 0 and (tmp_path / "full" / "rollouts_step1.jsonl").exists()
 
-    from train import load_policy  # the sharded run's checkpoint is a plain model folder
+    from policy import load_policy  # the sharded run's checkpoint is a plain model folder
 
-    loaded, _, _ = load_policy(str(tmp_path / "full" / "checkpoint"), "float32", "cpu")
+    final = tmp_path / "full" / "checkpoints" / "step_000003"
+    loaded, _, _ = load_policy(str(final), "float32", "cpu")
     assert type(loaded).__name__ == "Qwen2ForCausalLM"
-    assert json.loads((tmp_path / "full" / "checkpoint" / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    assert json.loads((final / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]

@@ -1,0 +1,182 @@
+"""A run's files on disk, written so that a kill, a crash or a full disk never loses a resumable checkpoint.
+
+Every checkpoint is a folder OUT_DIR/checkpoints/step_NNNNNN/: a plain Hugging Face model folder (evaluate.py and
+train.py --model load it as it is) plus train.py's trainer_state.pt, and COMPLETE, written last, which lists every
+other file with its size in bytes. A folder is a checkpoint only when COMPLETE is there and every file it lists has
+exactly that size; anything else is ignored. A save goes:
+
+    1. write every file into checkpoints/step_N.tmp/ and fsync it      (a kill here leaves a .tmp: never read)
+    2. write COMPLETE (names and sizes) and fsync it
+    3. rename step_N.tmp -> step_N, fsync checkpoints/                  (atomic: step_N is whole or absent)
+    4. rename the checkpoints beyond the newest `keep` to .trash, then delete them   (renamed first, so a half-deleted
+       folder is never mistaken for a checkpoint)
+
+so at every instant the previous checkpoint is complete, and the newest complete one is what --resume finds. Leftover
+.tmp and .trash folders are removed by the next save. A save that fails (no space left, ...) removes its .tmp folder,
+so the disk holds what it held before, and raises OSError.
+
+    python checkpoint.py RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
+"""
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+STEP_RE = re.compile(r"^step_(\d+)$")
+MARKER = "COMPLETE"
+
+
+def atomic_write(path, text: str):
+    """Write `text` to `path` through a temp file in the same folder, fsync'd and then renamed over it: a kill or a
+    full disk leaves either the old file or the new one, never half of one. Raises OSError (e.g. ENOSPC), after removing
+    the temp file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # makes a rename inside the folder durable
+    finally:
+        os.close(fd)
+
+
+def step_dir(out_dir, step: int) -> Path:
+    """OUT_DIR/checkpoints/step_NNNNNN (zero-padded, so names sort by step)."""
+    return Path(out_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def verify(folder) -> str | None:
+    """None if `folder` is a complete checkpoint, else why not (one line): COMPLETE missing or unreadable, a listed
+    file missing or of another size than recorded (truncated, or a partial copy)."""
+    folder = Path(folder)
+    try:
+        files = json.loads((folder / MARKER).read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        return f"no {MARKER} marker (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable {MARKER} marker ({err})"
+    for name, size in files.items():
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, {size} were written (truncated or a partial copy)"
+    return None
+
+
+def checkpoints(out_dir) -> list[tuple[int, Path]]:
+    """(step, folder) of every step_N folder under OUT_DIR/checkpoints, complete or not, oldest first."""
+    root = Path(out_dir) / "checkpoints"
+    found = [(int(m.group(1)), p) for p in root.glob("step_*") if p.is_dir() and (m := STEP_RE.match(p.name))]
+    return sorted(found)
+
+
+def latest(out_dir, warn=print) -> Path | None:
+    """The newest complete checkpoint of a run, or None if it has none. Newer incomplete folders are skipped with
+    one warning line each (through `warn`), naming why."""
+    for step, folder in reversed(checkpoints(out_dir)):
+        problem = verify(folder)
+        if problem is None:
+            return folder
+        warn(f"warning: skipping {folder}: {problem}")
+    return None
+
+
+def resolve(path, warn=print) -> Path | None:
+    """The checkpoint --resume PATH means: PATH itself if it is a checkpoint folder, else the newest complete one in
+    the run folder PATH, or None (with a warning) if that run saved none yet: it starts over, having lost nothing.
+    Raises FileNotFoundError if PATH does not exist, ValueError if it names an incomplete checkpoint folder or if all
+    of the run's checkpoint folders are incomplete (a partial copy: nothing is deleted then)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--resume {path}: no such run folder")
+    if (path / MARKER).exists() or STEP_RE.match(path.name):
+        problem = verify(path)
+        if problem:
+            raise ValueError(f"--resume {path}: not a complete checkpoint: {problem}")
+        return path
+    found = latest(path, warn)
+    if found is None and checkpoints(path):  # damaged ones only: starting over would delete what may be repairable
+        step, folder = checkpoints(path)[-1]
+        raise ValueError(f"--resume {path}: no complete checkpoint; the newest, {folder.name}: {verify(folder)}. "
+                         "Repair or remove it, or start afresh with --overwrite")
+    if found is None:
+        warn(f"warning: --resume {path}: no checkpoint saved yet; starting from step 1")
+    return found
+
+
+def clean(out_dir):
+    """Remove what interrupted saves and deletions left behind (checkpoints/*.tmp and *.trash folders)."""
+    for pattern in ("*.tmp", "*.trash"):
+        for p in (Path(out_dir) / "checkpoints").glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _discard(folder: Path):
+    """Rename `folder` to a unique *.trash name (from then on it is no checkpoint), then delete it."""
+    trash = folder.with_name(f"{folder.name}.{time.time_ns()}.trash")
+    os.replace(folder, trash)
+    shutil.rmtree(trash, ignore_errors=True)  # what a kill leaves of it, clean() removes
+
+
+def save(out_dir, step: int, write, keep: int = 1) -> Path:
+    """Save checkpoint `step` of the run in OUT_DIR: `write(folder)` puts the files into a fresh folder, then steps 2-4
+    of the module docstring make it the newest checkpoint and keep only the `keep` (>= 1) newest complete ones.
+
+    Returns the checkpoint folder. Raises OSError if writing fails (a full disk, whatever `write` raised): the partial
+    folder is removed and every earlier checkpoint is untouched.
+    """
+    final = step_dir(out_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clean(out_dir)
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        tmp.mkdir()
+        write(tmp)
+        files = {}
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())  # the data is on disk before the marker says it is
+                files[str(f.relative_to(tmp))] = f.stat().st_size
+        atomic_write(tmp / MARKER, json.dumps({"step": step, "files": files}, indent=1))
+        if final.exists():  # a damaged folder of this step (resume skipped it): older complete ones still exist
+            _discard(final)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except Exception as err:  # a full disk shows as OSError, or as RuntimeError from torch.save's zip writer
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back; earlier checkpoints are untouched
+        free = shutil.disk_usage(final.parent).free / 2**20
+        raise OSError(f"could not save checkpoint {final} ({type(err).__name__}: {err}; {free:.0f} MiB free there); "
+                      "the earlier checkpoints are untouched") from err
+    older = [p for s, p in checkpoints(out_dir) if s < step]
+    keep_too = [p for p in reversed(older) if verify(p) is None][: keep - 1]  # the newest complete older ones
+    for old in older:
+        if old not in keep_too:
+            _discard(old)
+    return final
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__.strip().splitlines()[-1].strip())
+    run = Path(sys.argv[1])
+    for step, folder in checkpoints(run):
+        print(f"step {step:>6}  {folder}  {verify(folder) or 'complete'}")
+    chosen = latest(run, warn=lambda _: None)
+    print(f"--resume {run} continues from: {chosen or 'nothing (no complete checkpoint)'}")
