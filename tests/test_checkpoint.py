@@ -333,3 +333,20 @@ def test_a_diverging_update_stops_before_saving_non_finite_weights(files, monkey
     monkeypatch.setattr(train_py, "rollout", overflowed)
     with pytest.raises(SystemExit, match="step 1: sampling met NaN/inf probabilities: the policy diverged"):
         train(files, files["dir"] / "ckpt_diverge2", "--steps", "1")
+
+
+def test_truncated_or_damaged_trainer_state_is_one_clear_line(files, reference):
+    """A truncated trainer_state.pt (a partial copy) or one damaged at its full size: --resume says which file and what
+    is wrong, in one line, and deletes nothing (today's main: a traceback from torch.load's unpickler)."""
+    out = files["dir"] / "ckpt_damaged"
+    shutil.copytree(files["dir"] / "ckpt_reference", out)
+    state = out / "checkpoints" / "step_000003" / "trainer_state.pt"
+    size = state.stat().st_size
+    os.truncate(state, size // 2)
+    with pytest.raises(SystemExit, match=f"--resume {re.escape(str(out))}: no complete checkpoint; the newest, "
+                                         f"step_000003: trainer_state.pt has {size // 2} bytes, {size} were written"):
+        train(files, out, "--steps", "4", "--resume", str(out))
+    state.write_bytes(b"\0" * size)  # the size the marker recorded, but not a torch file
+    with pytest.raises(SystemExit, match=re.escape(f"{state}: unreadable (")):
+        train(files, out, "--steps", "4", "--resume", str(out))
+    assert state.exists() and len(metrics(out)) == 3
