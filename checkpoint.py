@@ -13,16 +13,21 @@ exactly that size; anything else is ignored. A save goes:
 
 so at every instant the previous checkpoint is complete, and the newest complete one is what --resume finds. Leftover
 .tmp and .trash folders are removed by the next save. A save that fails (no space left, ...) removes its .tmp folder,
-so the disk holds what it held before, and raises OSError.
+so the disk holds what it held before, and raises OSError. Around that, the run folder's rules: an --out-dir that
+holds a run is not reused silently (check_out_dir), and Ctrl-C / SIGTERM stop a run at the end of a step, after its
+checkpoint (stop_requests).
 
     python checkpoint.py RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
 """
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +175,80 @@ def save(out_dir, step: int, write, keep: int = 1) -> Path:
         if old not in keep_too:
             _discard(old)
     return final
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The run folder: is it free, clear it, where a resume continues, stopping at a step's end
+
+
+def check_out_dir(out_dir: Path, resume: str, ckpt: Path | None, step: int, overwrite: bool) -> bool:
+    """Whether --out-dir may be used: raises ValueError (one line) for an out-dir that holds a run (metrics.jsonl or
+    checkpoints/), unless --resume continues that run from its newest checkpoint or --overwrite asks to start afresh.
+    Returns True when the run files in it are to be deleted first: --overwrite, or --resume of a run that saved no
+    complete checkpoint yet (it starts over, and its metrics would not match)."""
+    held = [p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()]
+    inside = ckpt is not None and ckpt.resolve().is_relative_to(out_dir.resolve())
+    if overwrite and inside:
+        raise ValueError(f"--overwrite would delete the checkpoint --resume {ckpt} continues from")
+    if not held:
+        return False
+    if overwrite or (resume and ckpt is None and Path(resume).resolve() == out_dir.resolve()):
+        return True
+    if ckpt is None:
+        raise ValueError(f"--out-dir {out_dir} holds a run ({', '.join(held)}): continue it with --resume {out_dir}, "
+                         "or pass --overwrite to start afresh (deletes its metrics, rollouts and checkpoints)")
+    if not inside:
+        raise ValueError(f"--out-dir {out_dir} holds another run ({', '.join(held)}): continuing {ckpt} there would "
+                         "overwrite it; choose an empty --out-dir (or --overwrite)")
+    newer = [s for s, p in checkpoints(out_dir) if s > step and verify(p) is None]
+    if newer:
+        raise ValueError(f"--resume {ckpt}: {out_dir} has a newer checkpoint (step {newer[-1]}); continue from it "
+                         f"(--resume {out_dir}) or write this branch to another --out-dir")
+    return False
+
+
+def prepare_out_dir(out_dir: Path, clear: bool, args: dict):
+    """Create --out-dir, delete the run files in it if `clear` (check_out_dir), and write `args` as args.json."""
+    if clear:
+        for f in [out_dir / "metrics.jsonl", *out_dir.glob("rollouts_step*.jsonl")]:
+            f.unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "args.json", json.dumps(args, indent=2))
+
+
+def resume_note(out_dir: Path) -> str:
+    """One sentence: where a rerun with --resume continues from."""
+    found = latest(out_dir, warn=lambda _: None)
+    return f"--resume {out_dir} continues from {found}." if found else "No checkpoint was saved yet."
+
+
+@contextlib.contextmanager
+def stop_requests(say=print, distributed: bool = False):
+    """While active, SIGINT (Ctrl-C) and SIGTERM do not kill the run: they are recorded in the yielded list, and the
+    training loop saves and stops at the end of the step in progress. A second Ctrl-C in one process stops at once
+    (KeyboardInterrupt, no save); when `distributed` (torchrun, whose agent forwards the signal to the ranks again)
+    repeats are ignored. `say` prints the one-line notice. Handlers are restored on exit. Outside the main thread
+    (signals cannot be caught there) it yields a list that stays empty."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def on_signal(signum, _frame):
+        if received and signum == signal.SIGINT and not distributed:
+            raise KeyboardInterrupt
+        if not received:
+            say(f"{signal.Signals(signum).name}: stopping after this step and its checkpoint (Ctrl-C again: stop at "
+                "once, without saving)")
+        received.append(signum)
+
+    before = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

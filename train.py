@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,33 +423,6 @@ def load_trainer_state(ckpt: Path) -> dict:
                          "earlier checkpoints/step_N folder") from None
 
 
-@contextlib.contextmanager
-def stop_requests():
-    """While active, SIGINT (Ctrl-C) and SIGTERM do not kill the run: they are recorded in the yielded list, and the
-    loop saves and stops at the end of the step in progress. A second Ctrl-C in one process stops at once (no save);
-    under torchrun, whose agent forwards the signal to the ranks again, repeats are ignored. Handlers are restored on
-    exit. Outside the main thread (signals cannot be caught there) it yields a list that stays empty."""
-    received = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-
-    def on_signal(signum, _frame):
-        if received and signum == signal.SIGINT and not dist.is_initialized():
-            raise KeyboardInterrupt
-        if not received:
-            print0(f"{signal.Signals(signum).name}: stopping after this step and its checkpoint (Ctrl-C again: stop at "
-                   "once, without saving)")
-        received.append(signum)
-
-    before = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
 def finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
     """True if every weight (this rank's shards) and every response-token log-prob `logp` [B, T] is finite, on every
     rank. An update can leave finite but huge weights whose forward pass overflows: the log-probs catch that."""
@@ -521,48 +493,6 @@ def print0(*a):
         tqdm.write(" ".join(str(x) for x in a))
 
 
-def check_out_dir(out_dir: Path, resume: str, ckpt: Path | None, step: int, overwrite: bool) -> bool:
-    """Whether --out-dir may be used: raises ValueError (one line) for an out-dir that holds a run (metrics.jsonl or
-    checkpoints/), unless --resume continues that run from its newest checkpoint or --overwrite asks to start afresh.
-    Returns True when the run files in it are to be deleted first: --overwrite, or --resume of a run that saved no
-    complete checkpoint yet (it starts over, and its metrics would not match)."""
-    held = [p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()]
-    inside = ckpt is not None and ckpt.resolve().is_relative_to(out_dir.resolve())
-    if overwrite and inside:
-        raise ValueError(f"--overwrite would delete the checkpoint --resume {ckpt} continues from")
-    if not held:
-        return False
-    if overwrite or (resume and ckpt is None and Path(resume).resolve() == out_dir.resolve()):
-        return True
-    if ckpt is None:
-        raise ValueError(f"--out-dir {out_dir} holds a run ({', '.join(held)}): continue it with --resume {out_dir}, "
-                         "or pass --overwrite to start afresh (deletes its metrics, rollouts and checkpoints)")
-    if not inside:
-        raise ValueError(f"--out-dir {out_dir} holds another run ({', '.join(held)}): continuing {ckpt} there would "
-                         "overwrite it; choose an empty --out-dir (or --overwrite)")
-    newer = [s for s, p in checkpoint.checkpoints(out_dir) if s > step and checkpoint.verify(p) is None]
-    if newer:
-        raise ValueError(f"--resume {ckpt}: {out_dir} has a newer checkpoint (step {newer[-1]}); continue from it "
-                         f"(--resume {out_dir}) or write this branch to another --out-dir")
-    return False
-
-
-def start_out_dir(out_dir: Path, args: Args, clear: bool):
-    """Create --out-dir, delete the run files in it if `clear` (check_out_dir), and write args.json."""
-    if clear:
-        for f in [out_dir / "metrics.jsonl", *out_dir.glob("rollouts_step*.jsonl")]:
-            f.unlink(missing_ok=True)
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "args.json", json.dumps(dataclasses.asdict(args), indent=2))
-
-
-def newest_checkpoint_note(out_dir: Path) -> str:
-    """One sentence: where a rerun with --resume continues from."""
-    found = checkpoint.latest(out_dir, warn=lambda _: None)
-    return f"--resume {out_dir} continues from {found}." if found else "No checkpoint was saved yet."
-
-
 @contextlib.contextmanager
 def io_errors_stop_the_run(out_dir: Path):
     """An OSError during the run (disk full or read-only, a retrieval server that stopped answering) ends it with one
@@ -570,7 +500,7 @@ def io_errors_stop_the_run(out_dir: Path):
     try:
         yield
     except OSError as err:
-        raise SystemExit(f"error: {err}. {newest_checkpoint_note(out_dir)}") from None
+        raise SystemExit(f"error: {err}. {checkpoint.resume_note(out_dir)}") from None
 
 
 @contextlib.contextmanager
@@ -598,7 +528,7 @@ def main(args: Args):
     try:  # bad input: one clear line naming the file/line/field, never a traceback from deep inside a library
         ckpt = checkpoint.resolve(args.resume, warn=print0) if args.resume else None
         state = load_trainer_state(ckpt) if ckpt else None
-        clear = check_out_dir(out_dir, args.resume, ckpt, state["step"] if state else 0, args.overwrite)
+        clear = checkpoint.check_out_dir(out_dir, args.resume, ckpt, state["step"] if state else 0, args.overwrite)
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
         if args.prompts_per_step > len(rows):
@@ -609,7 +539,7 @@ def main(args: Args):
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
         observation_ids("", tokenizer, args.max_obs_tokens)  # ValueError if --max-obs-tokens cannot hold the tags
         if rank == 0:
-            start_out_dir(out_dir, args, clear)
+            checkpoint.prepare_out_dir(out_dir, clear, dataclasses.asdict(args))
 
         ref_path = out_dir / ".ref"  # --ref-offload: the reference, written once in --ref-dtype
         if args.ref_offload and args.kl_coef != 0.0:  # reading it back is a plain memory map; reading --model each
@@ -666,7 +596,8 @@ def main(args: Args):
         print0(f"resumed {ckpt} at step {state['step']}")
     if start > args.steps:
         print0(f"nothing to do: {ckpt} is at step {start - 1} and --steps is {args.steps}")
-    with stop_requests() as stop, io_errors_stop_the_run(out_dir):  # Ctrl-C/SIGTERM: save at the step's end
+    # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
+    with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, io_errors_stop_the_run(out_dir):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = time.time()
             if len(order) < args.prompts_per_step:
@@ -711,7 +642,8 @@ def main(args: Args):
 
             # --- log: every rank's trajectories, gathered
             loss_mask = gather_rows(batch["loss_mask"])
-            stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions] for e in episodes]))
+            stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions]
+                                              for e in episodes]))
             rewards = stats[:, 0]
             metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
             metrics.update({
@@ -732,8 +664,8 @@ def main(args: Args):
                                   [m["grpo/grad_norm"] for m in history], k=args.alarm_k)
             metrics["alarm/phase"] = new_phase
             if new_phase and new_phase != phase:
-                print0(f"LLD alarm at step {step}: {new_phase} (the likelihood of correct responses fell or stalled for "
-                       f"{args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
+                print0(f"LLD alarm at step {step}: {new_phase} (the likelihood of correct responses fell or stalled "
+                       f"for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
             phase = new_phase
             metrics.update({"perf/rollout_s": t_rollout, "perf/logp_s": t_update - t0 - t_rollout,
                             "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
@@ -745,16 +677,17 @@ def main(args: Args):
                    f"gnorm {metrics['grpo/grad_norm']:.3f} | search/ep {metrics['rollout/searches_per_traj']:.2f} | "
                    f"{metrics['perf/step_s']:.0f}s")
             if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
-                recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
-                         "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
+                recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer,
+                         "reward": e.reward, "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
                         for i, e in enumerate(episodes[: args.num_log_rollouts])]
                 atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
             if bad >= args.max_bad_steps:
-                raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
-                                 f"skipped (step {step}): the policy collapsed or diverged, see {out_dir}/metrics.jsonl")
+                raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and "
+                                 f"were skipped (step {step}): the policy collapsed or diverged, see "
+                                 f"{out_dir}/metrics.jsonl")
             if not healthy:  # never a checkpoint of a diverged policy; the sampling of the next step would crash
                 raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs (the policy "
-                                 f"diverged; --lr {args.lr:g}?); not saved. {newest_checkpoint_note(out_dir)}")
+                                 f"diverged; --lr {args.lr:g}?); not saved. {checkpoint.resume_note(out_dir)}")
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:
                 saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {
@@ -776,4 +709,4 @@ if __name__ == "__main__":
     try:
         main(args)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without saving the step in progress
-        raise SystemExit(f"interrupted. {newest_checkpoint_note(Path(args.out_dir))}") from None
+        raise SystemExit(f"interrupted. {checkpoint.resume_note(Path(args.out_dir))}") from None
