@@ -39,6 +39,7 @@ Run:
 """
 
 import argparse
+import codecs
 import hashlib
 import json
 import math
@@ -79,32 +80,57 @@ def tokenize(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
+def read_jsonl(path, name=None):
+    """Yield (line number, JSON value) for each non-blank line of a UTF-8 jsonl file; `name` (default: path) labels
+    errors. Lines end at "\n" only (a U+2028 inside a JSON string is text, not a line break).
+
+    A UTF-8 byte-order mark at the very start of the file is skipped (utf-8-sig: Windows editors write one); at the
+    start of any other line it is an error naming the line (Python's json rejects it too; there it usually means files
+    were concatenated). Raises ValueError "<name>:<lineno>: not UTF-8 (byte 0xff at column 12)" (column: 1-based
+    character position), "<name>:<lineno>: a UTF-8 byte-order mark (BOM) starts this line ..." or "<name>:<lineno>: not
+    valid JSON: ...". The file is read line by line (wiki-18's 14 GB never sit in memory as text).
+    """
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            elif raw.startswith(codecs.BOM_UTF8):
+                raise ValueError(f"{name or path}:{lineno}: a UTF-8 byte-order mark (BOM) starts this line; only the "
+                                 "file's first line may have one (were files concatenated?)")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:  # everything before e.start decoded, so the column is exact
+                column = len(raw[:e.start].decode("utf-8")) + 1
+                raise ValueError(f"{name or path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {column})"
+                                 ) from None
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name or path}:{lineno}: not valid JSON: {e}") from None
+            yield lineno, value
+
+
 def load_corpus(path) -> list[dict]:
     """Read a jsonl corpus into [D] rows {"id": str, "contents": str}; other keys are dropped, blank lines skipped.
 
-    Format as Search-R1's `load_corpus` reads it (wiki-18 / FlashRAG style). Raises FileNotFoundError if `path` does not
-    exist, and ValueError "<path>:<lineno>: ..." for a line that is not a JSON object or lacks a string 'contents' or an
-    'id', and for a file with no passages.
+    Format as Search-R1's `load_corpus` reads it (wiki-18 / FlashRAG style), UTF-8 with an optional BOM at the start
+    (`read_jsonl`). Raises FileNotFoundError if `path` does not exist, and ValueError "<path>:<lineno>: ..." for a line
+    that is not UTF-8 or not a JSON object or lacks a string 'contents' or an 'id', and for a file with no passages.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            if not isinstance(row.get("contents"), str):
-                raise ValueError(f"{path}:{lineno}: missing field 'contents' (a string)")
-            if row.get("id") is None:
-                raise ValueError(f"{path}:{lineno}: missing field 'id'")
-            rows.append({"id": str(row["id"]), "contents": row["contents"]})
+    for lineno, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        if not isinstance(row.get("contents"), str):
+            raise ValueError(f"{path}:{lineno}: missing field 'contents' (a string)")
+        if row.get("id") is None:
+            raise ValueError(f"{path}:{lineno}: missing field 'id'")
+        rows.append({"id": str(row["id"]), "contents": row["contents"]})
     if not rows:
         raise ValueError(f"{path}: no passages (empty corpus)")
     return rows

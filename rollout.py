@@ -31,7 +31,6 @@ Run `python rollout.py` for a demo of the prompt, reward and observation format 
 `python rollout.py --model <folder or hub id> --corpus ../shared/data/corpus.jsonl` rolls out two real questions.
 """
 
-import json
 import re
 import string
 from dataclasses import dataclass, field
@@ -127,8 +126,10 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
 
     source: a file path, or a hub dataset id with an optional config after a colon (e.g.
     "RUC-NLPIR/FlashRAG_datasets:hotpotqa", "PeterJinGo/nq_hotpotqa_train"), loaded with `datasets` (users with
-    internet). A missing data_source defaults to the file stem / config name. Raises FileNotFoundError for a missing
-    file and ValueError naming the file, line and field for a bad row or an empty file.
+    internet). A missing data_source defaults to the file stem / config name. A .jsonl file is read as
+    `retriever.read_jsonl` reads a corpus: UTF-8, a byte-order mark accepted at the very start only. Raises
+    FileNotFoundError for a missing file and ValueError naming the file, line and field (or byte and column) for a bad
+    row or line, and for an empty file.
     """
     from pathlib import Path
 
@@ -140,14 +141,10 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
             import datasets
 
             raw = [(f"{source}: row {i}", r) for i, r in enumerate(datasets.load_dataset("parquet", data_files=str(path), split="train"))]
-        else:
-            raw = []
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-                if line.strip():
-                    try:
-                        raw.append((f"{source}:{n}", json.loads(line)))
-                    except json.JSONDecodeError as err:
-                        raise ValueError(f"{source}:{n}: not valid JSON: {err.msg}") from None
+        else:  # UTF-8, a BOM allowed at the start only; bad bytes or JSON name the line (retriever.read_jsonl)
+            from retriever import read_jsonl
+
+            raw = [(f"{source}:{n}", row) for n, row in read_jsonl(path, name=source)]
         default_source = path.stem.split("_")[0]
     else:
         import datasets

@@ -258,6 +258,25 @@ def test_load_corpus_missing_fields(tmp_path):
         load_corpus(p)
 
 
+def test_load_corpus_not_utf8_names_line_and_column(tmp_path):
+    good = [json.dumps({"id": str(i), "contents": f"passage {i}"}).encode() for i in range(6)]
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(b"\n".join(good + ['{"id": "7", "contents": "caf\u00e9'.encode() + b' \xff"}']) + b"\n")
+    # column counts characters: the 2-byte \u00e9 before it is one column; 0xff is the 31st character
+    with pytest.raises(ValueError, match=re.escape(f"{p}:7: not UTF-8 (byte 0xff at column 31)")):
+        load_corpus(p)
+
+
+def test_load_corpus_bom_only_at_file_start(tmp_path):
+    rows = [json.dumps({"id": str(i), "contents": f"passage {i}"}).encode() for i in range(3)]
+    p = tmp_path / "c.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(rows) + b"\r\n")  # as a Windows editor saves it (utf-8-sig, CRLF)
+    assert load_corpus(p) == [{"id": str(i), "contents": f"passage {i}"} for i in range(3)]
+    p.write_bytes(b"\n".join(rows[:2] + [b"\xef\xbb\xbf" + rows[2]]) + b"\n")  # e.g. two files concatenated
+    with pytest.raises(ValueError, match=re.escape(f"{p}:3: a UTF-8 byte-order mark (BOM) starts this line")):
+        load_corpus(p)
+
+
 def test_load_corpus_empty_file(tmp_path):
     p = tmp_path / "empty.jsonl"
     p.write_text("\n\n", encoding="utf-8")

@@ -784,6 +784,21 @@ def test_load_questions_errors(tmp_path):
         load_questions(str(blank))
 
 
+def test_load_questions_encoding_errors_name_line_and_column(tmp_path):
+    good = json.dumps({"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}).encode()
+    f = tmp_path / "q.jsonl"
+    f.write_bytes(b"\n".join([good] * 6 + [b'{"question": "caf\xe9?", "golden_answers": ["x"]}']) + b"\n")  # latin-1
+    with pytest.raises(ValueError, match=re.escape(f"{f}:7: not UTF-8 (byte 0xe9 at column 18)")):
+        load_questions(str(f))
+    f.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join([good] * 2) + b"\r\n")  # a Windows editor's utf-8-sig and CRLF: fine
+    assert [r["question"] for r in load_questions(str(f))] == ["who wrote hamlet"] * 2
+    f.write_bytes(b"\n".join([good, b"\xef\xbb\xbf" + good]) + b"\n")  # a BOM inside: two files concatenated
+    with pytest.raises(ValueError, match=re.escape(f"{f}:2: a UTF-8 byte-order mark (BOM) starts this line")):
+        load_questions(str(f))
+    f.write_bytes(json.dumps({"question": "a\u2028b", "golden_answers": ["x"]}, ensure_ascii=False).encode() + b"\n")
+    assert load_questions(str(f))[0]["question"] == "a\u2028b"  # U+2028 is text, not a line break (str.splitlines)
+
+
 def test_load_questions_parquet_round_trip(tmp_path, monkeypatch):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
