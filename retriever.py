@@ -44,12 +44,14 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import re
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from array import array
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -221,11 +223,18 @@ class SparseBM25:
 
     @classmethod
     def load(cls, path: Path) -> "SparseBM25":
-        with np.load(path) as z:
-            words = z["vocab"].tobytes().decode("utf-8").split("\n")
-            index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["impacts"], int(z["num_docs"]))
+        """Read an index written by `save`. Raises OSError if the file cannot be opened, and ValueError "<path>: damaged
+        index file (...)" for anything else np.load and the checks below can hit on a truncated, garbage or foreign
+        file (a zip's CRC catches flipped bits too), so that callers can rebuild on one exception type."""
+        try:
+            with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
+                words = z["vocab"].tobytes().decode("utf-8").split("\n")
+                index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["impacts"],
+                            int(z["num_docs"]))
+        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
+            raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
         if len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.impacts):
-            raise ValueError(f"{path}: inconsistent index arrays")
+            raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
         return index
 
 
@@ -288,8 +297,8 @@ class BM25Retriever:
         file = index_cache_file(path, k1, b, cache_dir)
         try:
             index = SparseBM25.load(file) if file.is_file() else None
-        except (OSError, ValueError, KeyError) as err:  # a damaged file: rebuild it
-            print(f"warning: ignoring the unreadable index cache {file}: {err}", file=sys.stderr)
+        except (OSError, ValueError) as err:  # a damaged file (killed writer, full disk, copy): rebuild it
+            print(f"warning: rebuilding the unreadable BM25 index cache: {err}", file=sys.stderr)
             index = None
         if index is not None and index.num_docs == len(corpus):
             return cls(corpus, k1=k1, b=b, engine="sparse", index=index)

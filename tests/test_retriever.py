@@ -414,6 +414,24 @@ def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch):
     assert not (tmp_path / "auto").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "bit flip"])
+def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damage):
+    """A cache file cut short by a killed run or a full disk (zipfile.BadZipFile), emptied (EOFError) or with a flipped
+    bit (the zip's CRC: BadZipFile) is rebuilt with a one-line warning, and the rebuilt file is then read back."""
+    path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
+    expected = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache).search(["France capital", "Troy"], 5)
+    file = index_cache_file(path, 0.9, 0.4, cache)
+    data = file.read_bytes()
+    file.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
+                      "bit flip": data[:200] + bytes([data[200] ^ 4]) + data[201:]}[damage])
+    capsys.readouterr()
+    rebuilt = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
+    assert rebuilt.search(["France capital", "Troy"], 5) == expected
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: rebuilding") and f"{file}: damaged index file" in err[0], err
+    assert SparseBM25.load(file).num_docs == len(TOY)  # rewritten whole
+
+
 # --- Search-R1's HTTP API: server and client -------------------------------------------------------------------------
 
 
