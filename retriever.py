@@ -66,6 +66,12 @@ from tqdm import tqdm
 SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes
 INDEX_VERSION = 1  # part of the cache key: bump it when SparseBM25's arrays change meaning
+# `serve`: the listen() backlog, i.e. connections the kernel queues until a server thread accepts them. Python's
+# socketserver default of 5 overflows under a burst (1,000 concurrent requests: 65-90% of them reset or dropped, issue
+# 11); 1,024 gave no error. Linux silently caps it at net.core.somaxconn (4,096 since kernel 5.4).
+LISTEN_BACKLOG = 1024
+SERVER_TIMEOUT = 30.0  # `serve`: seconds a connection may stall (no byte sent or taken) before its thread drops it
+MAX_REQUEST_BYTES = 64 << 20  # `serve`: largest request body (Content-Length) accepted
 
 # A 5-passage corpus for the demos (`python retriever.py`, `python rollout.py`).
 DEMO_CORPUS = [
@@ -412,24 +418,49 @@ def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_
     return retriever
 
 
-def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3) -> ThreadingHTTPServer:
+def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
+                backlog: int = LISTEN_BACKLOG, timeout: float = SERVER_TIMEOUT) -> ThreadingHTTPServer:
     """An HTTP server (not yet started: call .serve_forever()) answering Search-R1's POST /retrieve with `retriever`.
 
     Request {"queries": [str], "topk": int (missing, null or 0: default_topk, as Search-R1), "return_scores": bool
     (default false)} -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...] per query]}, or
-    [[document, ...] per query] with return_scores false. A malformed request gets 400 {"error": ...}, another path
-    404. port 0 picks a free port (server.server_address[1]). Each request runs in its own thread.
+    [[document, ...] per query] with return_scores false. A malformed request, or a Content-Length that is missing, not
+    a decimal integer or over MAX_REQUEST_BYTES, gets 400 {"error": ...}; another path 404. port 0 picks a free port
+    (server.server_address[1]). Each connection runs in its own thread, one request per connection (HTTP/1.0).
+    backlog: connections the kernel queues before they are accepted (`LISTEN_BACKLOG`). timeout: seconds a connection
+    may stall (no byte arrives or leaves) before its thread drops it; a body shorter than its Content-Length then gets
+    408. Raises ValueError if backlog < 1 or timeout <= 0, OSError if the port is taken.
     """
+    if backlog < 1:
+        raise ValueError(f"backlog must be >= 1 (queued connections), got {backlog}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+
+    stall_s = timeout  # (a class body cannot read an enclosing name it also assigns)
 
     class Handler(BaseHTTPRequestHandler):
+        # setup() puts this timeout on the socket: a client that sends nothing, or less than its Content-Length, can
+        # no longer hold a thread forever (BaseHTTPRequestHandler then drops the connection, or we answer 408 below).
+        timeout = stall_s
+
         def do_POST(self):
             if self.path.rstrip("/") != "/retrieve":
                 return self.reply(404, {"error": f"unknown path {self.path}; POST /retrieve"})
             try:
-                size = int(self.headers.get("Content-Length", 0))
-                if size > 64 << 20:
-                    raise ValueError("request body over 64 MiB")
-                req = json.loads(self.rfile.read(size))
+                size = self.headers.get("Content-Length")
+                if size is None:
+                    raise ValueError("missing Content-Length header")
+                if not re.fullmatch(r"[0-9]+", size.strip()) or int(size) > MAX_REQUEST_BYTES:
+                    # int() would take "-1" (and rfile.read(-1) then waits for EOF), "+5", " 1_0 "
+                    raise ValueError(f"Content-Length must be an integer in [0, {MAX_REQUEST_BYTES}], got {size!r}")
+                try:
+                    body = self.rfile.read(int(size))
+                except TimeoutError:
+                    return self.reply(408, {"error": f"request body stalled for {timeout:g} s before its "
+                                                     f"Content-Length of {size.strip()} bytes arrived"})
+                if len(body) < int(size):  # the client closed early
+                    raise ValueError(f"body has {len(body)} bytes, Content-Length says {size.strip()}")
+                req = json.loads(body)
                 queries, topk = req["queries"], req.get("topk") or default_topk
                 if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
                     raise ValueError("'queries' must be a list of strings")
@@ -458,9 +489,16 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
         def log_message(self, *args):  # no line per request on stderr (a training step sends several)
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        request_queue_size = backlog  # the listen() backlog, read when the constructor binds (default 5: see above)
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            if isinstance(sys.exc_info()[1], ConnectionError):  # the client hung up (reset, broken pipe): its loss,
+                return  # not a server fault, so no traceback on the terminal (a killed train.py or a timed-out client)
+            super().handle_error(request, client_address)
+
+    return Server((host, port), Handler)
 
 
 def serve_cli(argv: list[str]):
@@ -472,10 +510,14 @@ def serve_cli(argv: list[str]):
     ap.add_argument("--port", type=int, default=8000, help="port (Search-R1's default 8000; 0 picks a free one)")
     ap.add_argument("--topk", type=int, default=3, help="passages for requests without topk (Search-R1 default 3)")
     ap.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"], help="BM25 engine")
+    ap.add_argument("--backlog", type=int, default=LISTEN_BACKLOG, help="connections queued before they are accepted "
+                    f"(default {LISTEN_BACKLOG}; Python's default 5 drops or resets bursts of requests)")
     args = ap.parse_args(argv)
+    if args.backlog < 1:  # checked before the index is built
+        ap.error(f"--backlog must be >= 1, got {args.backlog}")
     try:
         retriever = BM25Retriever.from_jsonl(args.corpus, engine=args.engine)
-        server = make_server(retriever, args.host, args.port, args.topk)
+        server = make_server(retriever, args.host, args.port, args.topk, backlog=args.backlog)
     except (FileNotFoundError, ValueError, OSError) as err:  # bad corpus, port in use: one line, no traceback
         raise SystemExit(f"error: {err}") from None
     print(f"serving {retriever} at http://{args.host}:{server.server_address[1]}/retrieve", flush=True)
