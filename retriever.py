@@ -41,6 +41,7 @@ Run:
 import argparse
 import codecs
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -72,6 +73,7 @@ INDEX_VERSION = 1  # part of the cache key: bump it when SparseBM25's arrays cha
 LISTEN_BACKLOG = 1024
 SERVER_TIMEOUT = 30.0  # `serve`: seconds a connection may stall (no byte sent or taken) before its thread drops it
 MAX_REQUEST_BYTES = 64 << 20  # `serve`: largest request body (Content-Length) accepted
+CLIENT_TIMEOUT = 30.0  # RemoteRetriever: seconds a server may stay silent before a try counts as failed
 
 # A 5-passage corpus for the demos (`python retriever.py`, `python rollout.py`).
 DEMO_CORPUS = [
@@ -363,23 +365,34 @@ class RemoteRetriever:
     """The retriever interface (search / __call__) over HTTP, against any Search-R1 /retrieve server: `retriever.py
     serve`, or Search-R1's own retrieval_server.py (e5 + faiss, or pyserini BM25) for paper-scale corpora."""
 
-    def __init__(self, url: str, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0):
-        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve). timeout: seconds per
-        request. retries: further tries after a failed connection or a 5xx answer, waiting backoff * 2^i seconds."""
+    def __init__(self, url: str, timeout: float = CLIENT_TIMEOUT, retries: int = 2, backoff: float = 1.0):
+        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve). timeout: seconds the
+        server may stay silent (connecting, or before its answer) before a try fails (train.py / evaluate.py
+        --retriever-timeout). retries: further tries after a failed connection, a timeout or a 5xx answer, waiting
+        backoff * 2^i seconds; a server that never answers costs (retries + 1) * timeout + backoff * (2^retries - 1)
+        seconds (defaults: 93 s) before the ConnectionError. Raises ValueError if timeout <= 0, retries < 0 or
+        backoff < 0."""
+        if not timeout > 0:
+            raise ValueError(f"retriever timeout must be > 0 seconds (--retriever-timeout), got {timeout}")
+        if retries < 0 or backoff < 0:
+            raise ValueError(f"retries and backoff must be >= 0, got {retries} and {backoff}")
         self.url = url if urllib.parse.urlsplit(url).path not in ("", "/") else url.rstrip("/") + "/retrieve"
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
         """As BM25Retriever.search, answered by the server (POST {"queries", "topk", "return_scores": true}).
 
-        Raises ConnectionError when the server cannot be reached after all tries, ValueError when it rejects the
-        request (4xx) or answers with something that is not a /retrieve response."""
+        Each failed try that is retried prints one warning line to stderr ("retriever at URL: no answer in 30 s (try 1
+        of 3); retrying in 1 s"). Raises ConnectionError (one line: what failed, after how long, how to start a server,
+        which flag sets the timeout) when every try failed, ValueError when the server rejects the request (4xx) or
+        answers with something that is not a /retrieve response."""
         check_request(queries, topk)
         if not queries:
             return []
         body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        for attempt in range(self.retries + 1):
+        tries, t0 = self.retries + 1, time.monotonic()
+        for attempt in range(tries):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     answer = json.load(response)
@@ -387,18 +400,37 @@ class RemoteRetriever:
             except urllib.error.HTTPError as err:  # the server answered: a 4xx is our fault, never worth retrying
                 if err.code < 500:
                     raise ValueError(f"retriever at {self.url} rejected the request: {err.code} {err.read()[:300]!r}")
-                error = err
-            except (urllib.error.URLError, OSError, ValueError) as err:  # refused, reset, timed out, garbled
-                error = err
-            if attempt == self.retries:
-                raise ConnectionError(f"retriever at {self.url} failed after {self.retries + 1} tries: {error}. Is the"
-                                      " server up? Start one with: python retriever.py serve --corpus CORPUS --port "
-                                      f"{urllib.parse.urlsplit(self.url).port or 80}") from None
-            time.sleep(self.backoff * 2**attempt)
+                why = f"HTTP {err.code} {err.reason}"
+            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:  # refused, reset,
+                why = self._describe(err)  # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
+            if attempt + 1 == tries:
+                port = urllib.parse.urlsplit(self.url).port or 80
+                raise ConnectionError(
+                    f"retriever at {self.url} failed after {tries} tries in {time.monotonic() - t0:.1f} s (last: "
+                    f"{why}). Is the server up? Start one with: python retriever.py serve --corpus CORPUS --port "
+                    f"{port}; a slow server needs more than {self.timeout:g} s per request: --retriever-timeout SECONDS"
+                ) from None
+            wait = self.backoff * 2**attempt
+            print(f"warning: retriever at {self.url}: {why} (try {attempt + 1} of {tries}); retrying in {wait:g} s",
+                  file=sys.stderr, flush=True)
+            time.sleep(wait)
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             raise ValueError(f"retriever at {self.url} answered no 'result' list of {len(queries)} hit lists")
         return result
+
+    def _describe(self, err: Exception) -> str:
+        """A failed try in a few words: "no answer in 30 s", "connection refused", ..."""
+        reason = err.reason if isinstance(err, urllib.error.URLError) else err  # URLError wraps connect() errors
+        if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
+            return f"no answer in {self.timeout:g} s"
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, ConnectionResetError):  # http.client.RemoteDisconnected included
+            return "connection reset"
+        if isinstance(reason, ValueError):
+            return f"unreadable answer ({type(reason).__name__}: {reason})"
+        return reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
 
     def __call__(self, queries: list[str], topk: int = 3) -> list[str]:
         """Queries -> one observation string per query, as BM25Retriever.__call__."""
@@ -408,12 +440,14 @@ class RemoteRetriever:
         return f"retriever at {self.url}"
 
 
-def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR):
+def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR, timeout: float = CLIENT_TIMEOUT):
     """The retriever train.py and evaluate.py use: a RemoteRetriever when `url` is set (checked with one query, so a
-    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`."""
+    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`.
+    timeout: the RemoteRetriever's seconds per try (--retriever-timeout; unused without `url`). Raises as
+    BM25Retriever.from_jsonl, or ConnectionError / ValueError as RemoteRetriever."""
     if not url:
         return BM25Retriever.from_jsonl(corpus, engine=engine, cache_dir=cache_dir)
-    retriever = RemoteRetriever(url)
+    retriever = RemoteRetriever(url, timeout=timeout)
     retriever.search(["test"], 1)
     return retriever
 

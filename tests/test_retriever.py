@@ -592,13 +592,43 @@ def test_client_error_when_nothing_listens():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/retrieve"
-    with pytest.raises(ConnectionError, match=r"failed after 3 tries.*retriever\.py serve"):
+    with pytest.raises(ConnectionError, match=r"failed after 3 tries.*connection refused.*retriever\.py serve"):
         RemoteRetriever(url, retries=2, backoff=0.01).search(["Paris"])
-    with socket.socket() as s:  # a server that accepts connections but never answers: the timeout fires
+
+
+def test_client_gives_up_on_a_silent_server_warning_on_each_try(capsys):
+    """A server that accepts connections but never answers: each try times out after `timeout` s with one warning line
+    on stderr, and after the last the ConnectionError is one line saying what to do (it used to take 60 s x 4 tries
+    plus 7 s of backoff, silently)."""
+    with socket.socket() as s:  # listening, never accepting: the kernel completes the connections, no one answers
         s.bind(("127.0.0.1", 0))
-        s.listen()
-        with pytest.raises(ConnectionError, match="timed out"):
-            RemoteRetriever(f"http://127.0.0.1:{s.getsockname()[1]}", timeout=0.2, retries=0).search(["Paris"])
+        s.listen(16)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError) as err:
+            RemoteRetriever(url, timeout=0.3, retries=2, backoff=0.05).search(["Paris"])
+        elapsed = time.monotonic() - t0
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: retriever at {url}: no answer in 0.3 s (try 1 of 3); retrying in 0.05 s",
+        f"warning: retriever at {url}: no answer in 0.3 s (try 2 of 3); retrying in 0.1 s",
+    ]
+    assert 0.9 <= elapsed < 3, elapsed  # 3 x 0.3 s + 0.15 s of backoff
+    message = str(err.value)
+    assert "\n" not in message
+    assert re.search(r"failed after 3 tries in \d+\.\d s \(last: no answer in 0\.3 s\)", message), message
+    assert "python retriever.py serve --corpus CORPUS --port" in message and "--retriever-timeout SECONDS" in message
+    default = RemoteRetriever(url)
+    assert (default.timeout, default.retries) == (30.0, 2)  # 93 s at most before the error, not 247 s
+    with pytest.raises(ValueError, match="--retriever-timeout"):
+        RemoteRetriever(url, timeout=0)
+
+
+def test_make_retriever_passes_its_timeout_on(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(RemoteRetriever, "search", lambda self, queries, topk=3: seen.append(self.timeout) or [[]])
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    assert make_retriever(path, "http://127.0.0.1:9/retrieve", timeout=2.5).timeout == 2.5
+    assert seen == [2.5]  # the start-up check query already uses it
 
 
 def test_make_retriever_local_and_remote(server, tmp_path):
