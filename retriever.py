@@ -31,11 +31,11 @@ Departures from Search-R1 (numbered; NOTE(departure) marks the lines):
 
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
 
-Run:
+Run (CORPUS.jsonl: your corpus, rows as above):
   python retriever.py                                                  # demo on a built-in 5-passage corpus
-  python retriever.py --corpus ../shared/data/corpus.jsonl "who founded X" ["another query" ...] [--topk 3]
-  python retriever.py serve --corpus ../shared/data/corpus.jsonl --port 8000   # Search-R1's /retrieve API
-  python train.py --retriever-url http://127.0.0.1:8000/retrieve ...          # train against that server
+  python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3]
+  python retriever.py serve --corpus CORPUS.jsonl --port 8000           # Search-R1's /retrieve API
+  python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
 """
 
 import argparse

@@ -28,7 +28,7 @@ Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
      temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
 
 Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
-`python rollout.py --model <folder or hub id> --corpus ../shared/data/corpus.jsonl` rolls out two real questions.
+`python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
 """
 
 import re
