@@ -31,24 +31,28 @@ Departures from Search-R1 (numbered; NOTE(departure) marks the lines):
 
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
 
-Run:
+Run (CORPUS.jsonl: your corpus, rows as above):
   python retriever.py                                                  # demo on a built-in 5-passage corpus
-  python retriever.py --corpus ../shared/data/corpus.jsonl "who founded X" ["another query" ...] [--topk 3]
-  python retriever.py serve --corpus ../shared/data/corpus.jsonl --port 8000   # Search-R1's /retrieve API
-  python train.py --retriever-url http://127.0.0.1:8000/retrieve ...          # train against that server
+  python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3]
+  python retriever.py serve --corpus CORPUS.jsonl --port 8000           # Search-R1's /retrieve API
+  python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
 """
 
 import argparse
+import codecs
 import hashlib
+import http.client
 import json
 import math
 import os
+import pickle
 import re
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from array import array
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,6 +67,13 @@ from tqdm import tqdm
 SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes
 INDEX_VERSION = 1  # part of the cache key: bump it when SparseBM25's arrays change meaning
+# `serve`: the listen() backlog, i.e. connections the kernel queues until a server thread accepts them. Python's
+# socketserver default of 5 overflows under a burst (1,000 concurrent requests: 65-90% of them reset or dropped, issue
+# 11); 1,024 gave no error. Linux silently caps it at net.core.somaxconn (4,096 since kernel 5.4).
+LISTEN_BACKLOG = 1024
+SERVER_TIMEOUT = 30.0  # `serve`: seconds a connection may stall (no byte sent or taken) before its thread drops it
+MAX_REQUEST_BYTES = 64 << 20  # `serve`: largest request body (Content-Length) accepted
+CLIENT_TIMEOUT = 30.0  # RemoteRetriever: seconds a server may stay silent before a try counts as failed
 
 # A 5-passage corpus for the demos (`python retriever.py`, `python rollout.py`).
 DEMO_CORPUS = [
@@ -79,32 +90,57 @@ def tokenize(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
+def read_jsonl(path, name=None):
+    """Yield (line number, JSON value) for each non-blank line of a UTF-8 jsonl file; `name` (default: path) labels
+    errors. Lines end at "\n" only (a U+2028 inside a JSON string is text, not a line break).
+
+    A UTF-8 byte-order mark at the very start of the file is skipped (utf-8-sig: Windows editors write one); at the
+    start of any other line it is an error naming the line (Python's json rejects it too; there it usually means files
+    were concatenated). Raises ValueError "<name>:<lineno>: not UTF-8 (byte 0xff at column 12)" (column: 1-based
+    character position), "<name>:<lineno>: a UTF-8 byte-order mark (BOM) starts this line ..." or "<name>:<lineno>: not
+    valid JSON: ...". The file is read line by line (wiki-18's 14 GB never sit in memory as text).
+    """
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            elif raw.startswith(codecs.BOM_UTF8):
+                raise ValueError(f"{name or path}:{lineno}: a UTF-8 byte-order mark (BOM) starts this line; only the "
+                                 "file's first line may have one (were files concatenated?)")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:  # everything before e.start decoded, so the column is exact
+                column = len(raw[:e.start].decode("utf-8")) + 1
+                raise ValueError(f"{name or path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {column})"
+                                 ) from None
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name or path}:{lineno}: not valid JSON: {e}") from None
+            yield lineno, value
+
+
 def load_corpus(path) -> list[dict]:
     """Read a jsonl corpus into [D] rows {"id": str, "contents": str}; other keys are dropped, blank lines skipped.
 
-    Format as Search-R1's `load_corpus` reads it (wiki-18 / FlashRAG style). Raises FileNotFoundError if `path` does not
-    exist, and ValueError "<path>:<lineno>: ..." for a line that is not a JSON object or lacks a string 'contents' or an
-    'id', and for a file with no passages.
+    Format as Search-R1's `load_corpus` reads it (wiki-18 / FlashRAG style), UTF-8 with an optional BOM at the start
+    (`read_jsonl`). Raises FileNotFoundError if `path` does not exist, and ValueError "<path>:<lineno>: ..." for a line
+    that is not UTF-8 or not a JSON object or lacks a string 'contents' or an 'id', and for a file with no passages.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            if not isinstance(row.get("contents"), str):
-                raise ValueError(f"{path}:{lineno}: missing field 'contents' (a string)")
-            if row.get("id") is None:
-                raise ValueError(f"{path}:{lineno}: missing field 'id'")
-            rows.append({"id": str(row["id"]), "contents": row["contents"]})
+    for lineno, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        if not isinstance(row.get("contents"), str):
+            raise ValueError(f"{path}:{lineno}: missing field 'contents' (a string)")
+        if row.get("id") is None:
+            raise ValueError(f"{path}:{lineno}: missing field 'id'")
+        rows.append({"id": str(row["id"]), "contents": row["contents"]})
     if not rows:
         raise ValueError(f"{path}: no passages (empty corpus)")
     return rows
@@ -195,11 +231,18 @@ class SparseBM25:
 
     @classmethod
     def load(cls, path: Path) -> "SparseBM25":
-        with np.load(path) as z:
-            words = z["vocab"].tobytes().decode("utf-8").split("\n")
-            index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["impacts"], int(z["num_docs"]))
+        """Read an index written by `save`. Raises OSError if the file cannot be opened, and ValueError "<path>: damaged
+        index file (...)" for anything else np.load and the checks below can hit on a truncated, garbage or foreign
+        file (a zip's CRC catches flipped bits too), so that callers can rebuild on one exception type."""
+        try:
+            with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
+                words = z["vocab"].tobytes().decode("utf-8").split("\n")
+                index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["impacts"],
+                            int(z["num_docs"]))
+        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
+            raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
         if len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.impacts):
-            raise ValueError(f"{path}: inconsistent index arrays")
+            raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
         return index
 
 
@@ -262,8 +305,8 @@ class BM25Retriever:
         file = index_cache_file(path, k1, b, cache_dir)
         try:
             index = SparseBM25.load(file) if file.is_file() else None
-        except (OSError, ValueError, KeyError) as err:  # a damaged file: rebuild it
-            print(f"warning: ignoring the unreadable index cache {file}: {err}", file=sys.stderr)
+        except (OSError, ValueError) as err:  # a damaged file (killed writer, full disk, copy): rebuild it
+            print(f"warning: rebuilding the unreadable BM25 index cache: {err}", file=sys.stderr)
             index = None
         if index is not None and index.num_docs == len(corpus):
             return cls(corpus, k1=k1, b=b, engine="sparse", index=index)
@@ -322,23 +365,34 @@ class RemoteRetriever:
     """The retriever interface (search / __call__) over HTTP, against any Search-R1 /retrieve server: `retriever.py
     serve`, or Search-R1's own retrieval_server.py (e5 + faiss, or pyserini BM25) for paper-scale corpora."""
 
-    def __init__(self, url: str, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0):
-        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve). timeout: seconds per
-        request. retries: further tries after a failed connection or a 5xx answer, waiting backoff * 2^i seconds."""
+    def __init__(self, url: str, timeout: float = CLIENT_TIMEOUT, retries: int = 2, backoff: float = 1.0):
+        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve). timeout: seconds the
+        server may stay silent (connecting, or before its answer) before a try fails (train.py / evaluate.py
+        --retriever-timeout). retries: further tries after a failed connection, a timeout or a 5xx answer, waiting
+        backoff * 2^i seconds; a server that never answers costs (retries + 1) * timeout + backoff * (2^retries - 1)
+        seconds (defaults: 93 s) before the ConnectionError. Raises ValueError if timeout <= 0, retries < 0 or
+        backoff < 0."""
+        if not timeout > 0:
+            raise ValueError(f"retriever timeout must be > 0 seconds (--retriever-timeout), got {timeout}")
+        if retries < 0 or backoff < 0:
+            raise ValueError(f"retries and backoff must be >= 0, got {retries} and {backoff}")
         self.url = url if urllib.parse.urlsplit(url).path not in ("", "/") else url.rstrip("/") + "/retrieve"
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
         """As BM25Retriever.search, answered by the server (POST {"queries", "topk", "return_scores": true}).
 
-        Raises ConnectionError when the server cannot be reached after all tries, ValueError when it rejects the
-        request (4xx) or answers with something that is not a /retrieve response."""
+        Each failed try that is retried prints one warning line to stderr ("retriever at URL: no answer in 30 s (try 1
+        of 3); retrying in 1 s"). Raises ConnectionError (one line: what failed, after how long, how to start a server,
+        which flag sets the timeout) when every try failed, ValueError when the server rejects the request (4xx) or
+        answers with something that is not a /retrieve response."""
         check_request(queries, topk)
         if not queries:
             return []
         body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        for attempt in range(self.retries + 1):
+        tries, t0 = self.retries + 1, time.monotonic()
+        for attempt in range(tries):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     answer = json.load(response)
@@ -346,18 +400,37 @@ class RemoteRetriever:
             except urllib.error.HTTPError as err:  # the server answered: a 4xx is our fault, never worth retrying
                 if err.code < 500:
                     raise ValueError(f"retriever at {self.url} rejected the request: {err.code} {err.read()[:300]!r}")
-                error = err
-            except (urllib.error.URLError, OSError, ValueError) as err:  # refused, reset, timed out, garbled
-                error = err
-            if attempt == self.retries:
-                raise ConnectionError(f"retriever at {self.url} failed after {self.retries + 1} tries: {error}. Is the"
-                                      " server up? Start one with: python retriever.py serve --corpus CORPUS --port "
-                                      f"{urllib.parse.urlsplit(self.url).port or 80}") from None
-            time.sleep(self.backoff * 2**attempt)
+                why = f"HTTP {err.code} {err.reason}"
+            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:  # refused, reset,
+                why = self._describe(err)  # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
+            if attempt + 1 == tries:
+                port = urllib.parse.urlsplit(self.url).port or 80
+                raise ConnectionError(
+                    f"retriever at {self.url} failed after {tries} tries in {time.monotonic() - t0:.1f} s (last: "
+                    f"{why}). Is the server up? Start one with: python retriever.py serve --corpus CORPUS --port "
+                    f"{port}; a slow server needs more than {self.timeout:g} s per request: --retriever-timeout SECONDS"
+                ) from None
+            wait = self.backoff * 2**attempt
+            print(f"warning: retriever at {self.url}: {why} (try {attempt + 1} of {tries}); retrying in {wait:g} s",
+                  file=sys.stderr, flush=True)
+            time.sleep(wait)
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             raise ValueError(f"retriever at {self.url} answered no 'result' list of {len(queries)} hit lists")
         return result
+
+    def _describe(self, err: Exception) -> str:
+        """A failed try in a few words: "no answer in 30 s", "connection refused", ..."""
+        reason = err.reason if isinstance(err, urllib.error.URLError) else err  # URLError wraps connect() errors
+        if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
+            return f"no answer in {self.timeout:g} s"
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, ConnectionResetError):  # http.client.RemoteDisconnected included
+            return "connection reset"
+        if isinstance(reason, ValueError):
+            return f"unreadable answer ({type(reason).__name__}: {reason})"
+        return reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
 
     def __call__(self, queries: list[str], topk: int = 3) -> list[str]:
         """Queries -> one observation string per query, as BM25Retriever.__call__."""
@@ -367,34 +440,61 @@ class RemoteRetriever:
         return f"retriever at {self.url}"
 
 
-def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR):
+def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR, timeout: float = CLIENT_TIMEOUT):
     """The retriever train.py and evaluate.py use: a RemoteRetriever when `url` is set (checked with one query, so a
-    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`."""
+    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`.
+    timeout: the RemoteRetriever's seconds per try (--retriever-timeout; unused without `url`). Raises as
+    BM25Retriever.from_jsonl, or ConnectionError / ValueError as RemoteRetriever."""
     if not url:
         return BM25Retriever.from_jsonl(corpus, engine=engine, cache_dir=cache_dir)
-    retriever = RemoteRetriever(url)
+    retriever = RemoteRetriever(url, timeout=timeout)
     retriever.search(["test"], 1)
     return retriever
 
 
-def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3) -> ThreadingHTTPServer:
+def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
+                backlog: int = LISTEN_BACKLOG, timeout: float = SERVER_TIMEOUT) -> ThreadingHTTPServer:
     """An HTTP server (not yet started: call .serve_forever()) answering Search-R1's POST /retrieve with `retriever`.
 
     Request {"queries": [str], "topk": int (missing, null or 0: default_topk, as Search-R1), "return_scores": bool
     (default false)} -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...] per query]}, or
-    [[document, ...] per query] with return_scores false. A malformed request gets 400 {"error": ...}, another path
-    404. port 0 picks a free port (server.server_address[1]). Each request runs in its own thread.
+    [[document, ...] per query] with return_scores false. A malformed request, or a Content-Length that is missing, not
+    a decimal integer or over MAX_REQUEST_BYTES, gets 400 {"error": ...}; another path 404. port 0 picks a free port
+    (server.server_address[1]). Each connection runs in its own thread, one request per connection (HTTP/1.0).
+    backlog: connections the kernel queues before they are accepted (`LISTEN_BACKLOG`). timeout: seconds a connection
+    may stall (no byte arrives or leaves) before its thread drops it; a body shorter than its Content-Length then gets
+    408. Raises ValueError if backlog < 1 or timeout <= 0, OSError if the port is taken.
     """
+    if backlog < 1:
+        raise ValueError(f"backlog must be >= 1 (queued connections), got {backlog}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+
+    stall_s = timeout  # (a class body cannot read an enclosing name it also assigns)
 
     class Handler(BaseHTTPRequestHandler):
+        # setup() puts this timeout on the socket: a client that sends nothing, or less than its Content-Length, can
+        # no longer hold a thread forever (BaseHTTPRequestHandler then drops the connection, or we answer 408 below).
+        timeout = stall_s
+
         def do_POST(self):
             if self.path.rstrip("/") != "/retrieve":
                 return self.reply(404, {"error": f"unknown path {self.path}; POST /retrieve"})
             try:
-                size = int(self.headers.get("Content-Length", 0))
-                if size > 64 << 20:
-                    raise ValueError("request body over 64 MiB")
-                req = json.loads(self.rfile.read(size))
+                size = self.headers.get("Content-Length")
+                if size is None:
+                    raise ValueError("missing Content-Length header")
+                if not re.fullmatch(r"[0-9]+", size.strip()) or int(size) > MAX_REQUEST_BYTES:
+                    # int() would take "-1" (and rfile.read(-1) then waits for EOF), "+5", " 1_0 "
+                    raise ValueError(f"Content-Length must be an integer in [0, {MAX_REQUEST_BYTES}], got {size!r}")
+                try:
+                    body = self.rfile.read(int(size))
+                except TimeoutError:
+                    return self.reply(408, {"error": f"request body stalled for {timeout:g} s before its "
+                                                     f"Content-Length of {size.strip()} bytes arrived"})
+                if len(body) < int(size):  # the client closed early
+                    raise ValueError(f"body has {len(body)} bytes, Content-Length says {size.strip()}")
+                req = json.loads(body)
                 queries, topk = req["queries"], req.get("topk") or default_topk
                 if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
                     raise ValueError("'queries' must be a list of strings")
@@ -423,9 +523,16 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
         def log_message(self, *args):  # no line per request on stderr (a training step sends several)
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        request_queue_size = backlog  # the listen() backlog, read when the constructor binds (default 5: see above)
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            if isinstance(sys.exc_info()[1], ConnectionError):  # the client hung up (reset, broken pipe): its loss,
+                return  # not a server fault, so no traceback on the terminal (a killed train.py or a timed-out client)
+            super().handle_error(request, client_address)
+
+    return Server((host, port), Handler)
 
 
 def serve_cli(argv: list[str]):
@@ -437,10 +544,14 @@ def serve_cli(argv: list[str]):
     ap.add_argument("--port", type=int, default=8000, help="port (Search-R1's default 8000; 0 picks a free one)")
     ap.add_argument("--topk", type=int, default=3, help="passages for requests without topk (Search-R1 default 3)")
     ap.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"], help="BM25 engine")
+    ap.add_argument("--backlog", type=int, default=LISTEN_BACKLOG, help="connections queued before they are accepted "
+                    f"(default {LISTEN_BACKLOG}; Python's default 5 drops or resets bursts of requests)")
     args = ap.parse_args(argv)
+    if args.backlog < 1:  # checked before the index is built
+        ap.error(f"--backlog must be >= 1, got {args.backlog}")
     try:
         retriever = BM25Retriever.from_jsonl(args.corpus, engine=args.engine)
-        server = make_server(retriever, args.host, args.port, args.topk)
+        server = make_server(retriever, args.host, args.port, args.topk, backlog=args.backlog)
     except (FileNotFoundError, ValueError, OSError) as err:  # bad corpus, port in use: one line, no traceback
         raise SystemExit(f"error: {err}") from None
     print(f"serving {retriever} at http://{args.host}:{server.server_address[1]}/retrieve", flush=True)

@@ -28,10 +28,9 @@ Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
      temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
 
 Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
-`python rollout.py --model <folder or hub id> --corpus ../shared/data/corpus.jsonl` rolls out two real questions.
+`python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
 """
 
-import json
 import re
 import string
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ OBS_HEAD, OBS_TAIL = "\n\n<information>", "</information>\n\n"
 STOP_STRINGS = ("</search>", "</answer>")
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+WORD_END = re.compile(r".*\S(?= )", re.DOTALL)  # greedy: ends at the last non-space character followed by a space
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Reward: exact match (qa_em.py)
@@ -127,8 +127,10 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
 
     source: a file path, or a hub dataset id with an optional config after a colon (e.g.
     "RUC-NLPIR/FlashRAG_datasets:hotpotqa", "PeterJinGo/nq_hotpotqa_train"), loaded with `datasets` (users with
-    internet). A missing data_source defaults to the file stem / config name. Raises FileNotFoundError for a missing
-    file and ValueError naming the file, line and field for a bad row or an empty file.
+    internet). A missing data_source defaults to the file stem / config name. A .jsonl file is read as
+    `retriever.read_jsonl` reads a corpus: UTF-8, a byte-order mark accepted at the very start only. Raises
+    FileNotFoundError for a missing file and ValueError naming the file, line and field (or byte and column) for a bad
+    row or line, and for an empty file.
     """
     from pathlib import Path
 
@@ -140,14 +142,10 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
             import datasets
 
             raw = [(f"{source}: row {i}", r) for i, r in enumerate(datasets.load_dataset("parquet", data_files=str(path), split="train"))]
-        else:
-            raw = []
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-                if line.strip():
-                    try:
-                        raw.append((f"{source}:{n}", json.loads(line)))
-                    except json.JSONDecodeError as err:
-                        raise ValueError(f"{source}:{n}: not valid JSON: {err.msg}") from None
+        else:  # UTF-8, a BOM allowed at the start only; bad bytes or JSON name the line (retriever.read_jsonl)
+            from retriever import read_jsonl
+
+            raw = [(f"{source}:{n}", row) for n, row in read_jsonl(path, name=source)]
         default_source = path.stem.split("_")[0]
     else:
         import datasets
@@ -181,20 +179,40 @@ def make_prompt(question: str, tokenizer) -> str:
     return text
 
 
+def _word_prefix(text: str, n: int) -> str:
+    """text cut to at most n characters, just before a space that follows a non-space, so that no pre-token straddles
+    the cut: a GPT-2/Qwen/Llama-3-style pre-tokenizer never joins "x" and a following " " (it does join "." and a
+    following "\\n", hence spaces only), so the prefix's tokens are exactly the first tokens of the whole text. Without
+    such a space in text[n // 2 : n + 1] (a "word" of over n / 2 characters: no real passage) the cut is at n anyway."""
+    if n >= len(text):
+        return text
+    m = WORD_END.match(text, n // 2, n + 1)  # one C-level backtrack from n, however long the text
+    return text[:m.end()] if m else text[:n]
+
+
 def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
     """Token ids of "\\n\\n<information>{docs}</information>\\n\\n", at most max_obs_tokens long.
 
-    The document text is cut to fit *inside* the tags (departure 4, P12), so the block is always closed.
-    Raises ValueError if the budget cannot even hold the two tags.
+    The document text is cut to fit *inside* the tags (departure 4, P12), so the block is always closed. Only a prefix
+    of the text is tokenized: about 8 characters per token of budget, doubled until it gives the budget (a 10 MB passage
+    costs what a short one does, where tokenizing it all took seconds and gigabytes). The prefix ends at a word
+    boundary (`_word_prefix`), so the ids equal those of tokenizing the whole text and cutting them (the tests check
+    it on the real corpus). Raises ValueError if the budget cannot even hold the two tags.
     """
     head = tokenizer.encode(OBS_HEAD, add_special_tokens=False)
     tail = tokenizer.encode(OBS_TAIL, add_special_tokens=False)
     budget = max_obs_tokens - len(head) - len(tail)
     if budget < 0:
         raise ValueError(f"max_obs_tokens={max_obs_tokens} cannot hold the <information> tags ({len(head) + len(tail)})")
-    body = tokenizer.encode(docs.strip(), add_special_tokens=False)[:budget]
+    text, n = docs.strip(), 8 * budget + 64  # Qwen: ~4 characters per English token, so one pass is the rule
+    while True:
+        prefix = _word_prefix(text, n)
+        body = tokenizer.encode(prefix, add_special_tokens=False) if budget else []
+        if len(body) >= budget or len(prefix) == len(text):
+            break
+        n *= 2
     # NOTE(departure): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses </information> (P12)
-    return head + body + tail
+    return head + body[:budget] + tail
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ Group members share a question and therefore a script; they behave identically.
 
 import copy
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import rollout as R  # noqa: E402
-from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
+from retriever import DEMO_CORPUS, BM25Retriever, format_passages, load_corpus  # noqa: E402
 from rollout import (  # noqa: E402
     INVALID_ACTION,
     OBS_HEAD,
@@ -39,6 +40,9 @@ from rollout import (  # noqa: E402
     rollout,
 )
 from tiny import build_model, build_tokenizer  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"  # the real corpus, when present (never copied into the repo)
+needs_data = pytest.mark.skipif(not (DATA / "corpus.jsonl").is_file(), reason=f"no corpus at {DATA}")
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Fixtures and helpers
@@ -553,6 +557,83 @@ def test_p12_searchr1_truncating_wrapped_observation_loses_closing_tag(tok):
     assert tok.decode(observation_ids(short, tok, 500)) == tok.decode(searchr1_obs(short.strip(), 500))
 
 
+# Only a word-boundary prefix of the passages is tokenized: the same ids as the whole text, at the cost of a short one.
+# Random texts from these pieces put every kind of pre-token boundary (".\n" joins, runs of spaces, NBSP, CRLF, digits,
+# contractions, combining marks, CJK, a special token) at the cut.
+PIECES = ["Paris", " is", " the", " capital", ".", ".\n", "\n", "\n\n", "  ", " ", "\t", "123", "4567", "'s", " 's",
+          "\u00e9", "e\u0301", "\u6771\u4eac", "\U0001f642", "--", "\r\n", "\u00a0", " \n ", "...", "(Title:", "x" * 30,
+          "<|im_end|>", "Doc 1"]
+
+
+def random_texts(n, max_pieces, seed=0):
+    rnd = random.Random(seed)
+    return ["".join(rnd.choice(PIECES) for _ in range(rnd.randrange(1, max_pieces))) for _ in range(n)]
+
+
+def test_word_prefix_tokenizes_as_the_start_of_the_whole_text(tok):
+    """The property observation_ids rests on: where the cut finds a space after a non-space, the prefix's ids are the
+    first ids of the whole text. (Cutting at n, or before any whitespace, breaks it on these texts: ".\n" is one
+    pre-token.)"""
+    rnd, checked = random.Random(1), 0
+    for text in random_texts(200, 200):
+        text, full = text.strip(), enc(tok, text.strip())
+        for n in rnd.sample(range(1, len(text) + 1), min(10, len(text))):
+            prefix = R._word_prefix(text, n)
+            assert len(prefix) <= n and text.startswith(prefix)
+            if re.search(r"\S ", text[n // 2:n + 1]):  # a word boundary to cut at
+                ids = enc(tok, prefix)
+                assert ids == full[:len(ids)], (text, n)
+                checked += 1
+    assert checked > 700
+
+
+def test_observation_ids_equal_tokenizing_the_whole_text(tok):
+    head, tail = enc(tok, OBS_HEAD), enc(tok, OBS_TAIL)
+    long_doc = "Doc 1(Title: Paris) " + "Paris is the capital and most populous city of France.\n" * 4000  # 236 KB
+    for text in random_texts(200, 400) + [long_doc]:
+        full = enc(tok, text.strip())
+        for budget in (1, 5, 17, 60, 500):
+            assert observation_ids(text, tok, budget + len(head) + len(tail)) == head + full[:budget] + tail, text
+
+
+@needs_data
+def test_observation_ids_equal_tokenizing_the_whole_text_real_corpus(tok):
+    """Every 40th passage of the real corpus, in 3-hit observations as the retriever formats them."""
+    head, tail = enc(tok, OBS_HEAD), enc(tok, OBS_TAIL)
+    corpus = load_corpus(DATA / "corpus.jsonl")[::40]
+    for i in range(0, len(corpus) - 2, 3):
+        text = format_passages([{"document": d} for d in corpus[i:i + 3]])
+        full = enc(tok, text.strip())
+        for budget in (1, 50, 200, 487):
+            assert observation_ids(text, tok, budget + len(head) + len(tail)) == head + full[:budget] + tail, i
+
+
+class CountingTokenizer:
+    """The tokenizer's encode, counting the characters it is given."""
+
+    def __init__(self, tokenizer):
+        self.tok, self.chars = tokenizer, 0
+
+    def encode(self, text, **kwargs):
+        self.chars += len(text)
+        return self.tok.encode(text, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["text", "one word", "whitespace"])
+def test_observation_ids_of_a_2mb_passage_tokenize_a_short_prefix(tok, kind):
+    """A 2 MB passage costs what a short one does (it used to be tokenized whole: 3 s here, 9x a training step's time
+    with a 10 MB one); a passage without word boundaries ("one word", or a long run of whitespace) stays bounded."""
+    doc = {"text": "Doc 1(Title: Paris) " + "Paris is the capital and most populous city of France. " * 37_000,
+           "one word": "x" * 2_000_000, "whitespace": "a" + " " * 2_000_000 + "b"}[kind]
+    counting = CountingTokenizer(tok)
+    ids = observation_ids(doc, counting, 500)
+    assert counting.chars < 20_000, counting.chars  # 8 characters per token of the budget, plus the tags
+    assert len(ids) == 500 and tok.decode(ids).startswith(OBS_HEAD + doc[:100].strip())
+    assert tok.decode(ids).endswith(OBS_TAIL)  # P12: the block is closed
+    if kind == "text":
+        assert ids == observation_ids(doc[:100_000], tok, 500)  # the same ids as a mere 100 KB of it
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # P16: ids the tokenizer does not have are never sampled
 
@@ -782,6 +863,21 @@ def test_load_questions_errors(tmp_path):
     blank.write_text("\n  \n", encoding="utf-8")
     with pytest.raises(ValueError, match="no questions"):
         load_questions(str(blank))
+
+
+def test_load_questions_encoding_errors_name_line_and_column(tmp_path):
+    good = json.dumps({"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}).encode()
+    f = tmp_path / "q.jsonl"
+    f.write_bytes(b"\n".join([good] * 6 + [b'{"question": "caf\xe9?", "golden_answers": ["x"]}']) + b"\n")  # latin-1
+    with pytest.raises(ValueError, match=re.escape(f"{f}:7: not UTF-8 (byte 0xe9 at column 18)")):
+        load_questions(str(f))
+    f.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join([good] * 2) + b"\r\n")  # a Windows editor's utf-8-sig and CRLF: fine
+    assert [r["question"] for r in load_questions(str(f))] == ["who wrote hamlet"] * 2
+    f.write_bytes(b"\n".join([good, b"\xef\xbb\xbf" + good]) + b"\n")  # a BOM inside: two files concatenated
+    with pytest.raises(ValueError, match=re.escape(f"{f}:2: a UTF-8 byte-order mark (BOM) starts this line")):
+        load_questions(str(f))
+    f.write_bytes(json.dumps({"question": "a\u2028b", "golden_answers": ["x"]}, ensure_ascii=False).encode() + b"\n")
+    assert load_questions(str(f))[0]["question"] == "a\u2028b"  # U+2028 is text, not a line break (str.splitlines)
 
 
 def test_load_questions_parquet_round_trip(tmp_path, monkeypatch):
