@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from checkpoint import atomic_write
 from policy import load_policy
-from retriever import make_retriever
+from retriever import make_retriever, read_jsonl
 from rollout import em_check, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
@@ -232,6 +232,28 @@ def compare_lines(table: dict, which: str = "") -> list[str]:
 # Evaluation
 
 
+def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
+    """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
+    written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
+    for i in range(0, len(rows), args.batch_size):
+        batch = rows[i:i + args.batch_size]
+        with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
+            episodes = rollout(model, tokenizer, batch, retriever, group_size=1, max_turns=args.max_turns,
+                               max_new_tokens=args.max_new_tokens, max_obs_tokens=args.max_obs_tokens, topk=args.topk,
+                               do_sample=False, gen_batch_size=args.batch_size)
+        for row, e in zip(batch, episodes):
+            titles = retrieved_titles(e.retrieved)
+            records.append({"id": row.get("id"), "question": e.question, "golden_answers": e.golden_answers,
+                            "data_source": e.data_source, "answer": e.answer,
+                            "em": em_check(e.answer, e.golden_answers),  # = e.reward, the training reward
+                            "f1": f1_score(e.answer, e.golden_answers), "sub_em": sub_em(e.answer, e.golden_answers),
+                            "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
+                            "searches": e.num_searches, "retrieved_titles": titles, "text": e.text})
+            records_out.write(json.dumps(records[-1]) + "\n")
+        records_out.flush()  # what is scored so far survives a crash or a kill
+        bar.update(len(batch))
+
+
 def main(argv=None):
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         pass  # keep the docstring's layout and show every default
@@ -284,23 +306,10 @@ def main(argv=None):
         raise SystemExit(f"error: {err}") from None
 
     t0, records, bar = time.time(), [], tqdm(total=len(rows), desc="evaluating", unit="q", dynamic_ncols=True)
-    for i in range(0, len(rows), args.batch_size):
-        batch = rows[i:i + args.batch_size]
-        with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
-            episodes = rollout(model, tokenizer, batch, retriever, group_size=1, max_turns=args.max_turns,
-                               max_new_tokens=args.max_new_tokens, max_obs_tokens=args.max_obs_tokens, topk=args.topk,
-                               do_sample=False, gen_batch_size=args.batch_size)
-        for row, e in zip(batch, episodes):
-            titles = retrieved_titles(e.retrieved)
-            records.append({"id": row.get("id"), "question": e.question, "golden_answers": e.golden_answers,
-                            "data_source": e.data_source, "answer": e.answer,
-                            "em": em_check(e.answer, e.golden_answers),  # = e.reward, the training reward
-                            "f1": f1_score(e.answer, e.golden_answers), "sub_em": sub_em(e.answer, e.golden_answers),
-                            "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
-                            "searches": e.num_searches, "retrieved_titles": titles, "text": e.text})
-            records_out.write(json.dumps(records[-1]) + "\n")
-        records_out.flush()  # what is scored so far survives a crash or a kill
-        bar.update(len(batch))
+    try:
+        evaluate_rows(rows, args, model, tokenizer, retriever, records, records_out, bar)
+    except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
+        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {records_file}") from None
     bar.close()
     records_out.close()
 
@@ -343,15 +352,10 @@ def read_metrics(run_dir) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir} (is it a train.py --out-dir?)")
     history = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                m = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n}: not valid JSON: {err.msg}") from None
-            if not isinstance(m, dict) or not _num(m.get("step")):
-                raise ValueError(f"{path}:{n}: expected a JSON object with a numeric 'step'")
-            history.append(m)
+    for n, m in read_jsonl(path):  # ValueError naming file:line for bad bytes or JSON
+        if not isinstance(m, dict) or not _num(m.get("step")):
+            raise ValueError(f"{path}:{n}: expected a JSON object with a numeric 'step'")
+        history.append(m)
     if not history:
         raise ValueError(f"{path}: empty, no step logged yet")
     return history

@@ -543,7 +543,8 @@ def serve_cli(argv: list[str]):
     ap.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 exposes the server (no authentication)")
     ap.add_argument("--port", type=int, default=8000, help="port (Search-R1's default 8000; 0 picks a free one)")
     ap.add_argument("--topk", type=int, default=3, help="passages for requests without topk (Search-R1 default 3)")
-    ap.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"], help="BM25 engine")
+    ap.add_argument("--engine", default="sparse", choices=["auto", "rank_bm25", "sparse"],
+                    help="BM25 engine (sparse: the same scores as rank_bm25, ~25x the requests/s at 13,823 passages)")
     ap.add_argument("--backlog", type=int, default=LISTEN_BACKLOG, help="connections queued before they are accepted "
                     f"(default {LISTEN_BACKLOG}; Python's default 5 drops or resets bursts of requests)")
     args = ap.parse_args(argv)
