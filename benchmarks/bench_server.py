@@ -14,7 +14,7 @@ Not a test: nothing is asserted on time.
 
     python benchmarks/bench_server.py                                     # toy corpus, backlog 5 and 1024: ~30 s
     python benchmarks/bench_server.py --corpus path/to/corpus.jsonl       # ... and a real corpus too
-    python benchmarks/bench_server.py --corpus path/to/corpus.jsonl --engine sparse --clients 1000 --timeout 60
+    python benchmarks/bench_server.py --corpus path/to/corpus.jsonl --engine rank_bm25 --timeout 60
 """
 
 import argparse
@@ -127,7 +127,8 @@ def main():
     ap.add_argument("--requests", type=int, default=500, help="requests per level; each client sends max(1, R/clients)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per request (connect to last byte)")
     ap.add_argument("--topk", type=int, default=3, help="passages per query")
-    ap.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"], help="the server's engine")
+    ap.add_argument("--engine", default="sparse", choices=["auto", "rank_bm25", "sparse"],
+                    help="the server's engine (serve's default: sparse)")
     args = ap.parse_args()
     for name in ("backlog", "clients"):
         if min(getattr(args, name)) < 1:
