@@ -36,7 +36,7 @@ from tqdm import tqdm
 from checkpoint import atomic_write
 from policy import load_policy
 from retriever import make_retriever, read_jsonl
-from rollout import em_check, load_questions, normalize_answer, rollout
+from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev", "2wikimultihopqa": "dev",
@@ -285,6 +285,10 @@ def main(argv=None):
             ap.error(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
     if not args.retriever_timeout > 0:
         ap.error(f"--retriever-timeout must be > 0 seconds, got {args.retriever_timeout}")
+    if args.dtype not in ("auto", "float32", "bfloat16"):
+        ap.error(f"--dtype must be auto, float32 or bfloat16, got {args.dtype!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device; use --device cpu")
     model_dir = Path(args.model)
     out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
     records_file = out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
@@ -302,6 +306,7 @@ def main(argv=None):
             raise ValueError(f"--out {out}: cannot write there ({err.strerror}: {err.filename})") from None
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
+        check_obs_budget(tokenizer, args.max_obs_tokens)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
 

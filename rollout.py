@@ -215,6 +215,15 @@ def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
     return head + body[:budget] + tail
 
 
+def check_obs_budget(tokenizer, max_obs_tokens: int):
+    """Raise ValueError naming --max-obs-tokens if that budget cannot hold the <information> tags: checked at start-up
+    (train.py, evaluate.py), not at the first search."""
+    try:
+        observation_ids("", tokenizer, max_obs_tokens)
+    except ValueError as err:
+        raise ValueError(f"--max-obs-tokens {max_obs_tokens} is too small: {err}") from None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Cutting a turn by token index
 

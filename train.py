@@ -49,7 +49,7 @@ from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp
 from llds import likelihood_diagnostics, lld_alarm, llds_loss, ma_beta
 from policy import load_policy
 from retriever import make_retriever
-from rollout import load_questions, observation_ids, rollout
+from rollout import check_obs_budget, load_questions, rollout
 
 
 LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty")  # normalised by the mini-batch: micro-batch values add up
@@ -537,7 +537,7 @@ def main(args: Args):
         # "auto": fp32 master weights; on GPU the passes run in bf16 (autocast, or FSDP's mixed precision)
         dtype = "float32" if args.dtype == "auto" else args.dtype
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
-        observation_ids("", tokenizer, args.max_obs_tokens)  # ValueError if --max-obs-tokens cannot hold the tags
+        check_obs_budget(tokenizer, args.max_obs_tokens)
         if rank == 0:
             checkpoint.prepare_out_dir(out_dir, clear, dataclasses.asdict(args))
 

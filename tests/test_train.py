@@ -522,3 +522,10 @@ def test_ref_offload_gives_the_same_run(files, monkeypatch):
     bf16 = train_in_process(files, files["dir"] / "ref_kept16", "--steps", "2")  # the default --ref-dtype bfloat16
     bf16_off = train_in_process(files, files["dir"] / "ref_off16", "--steps", "2", "--ref-offload")
     assert [m["grpo/kl"] for m in bf16] == pytest.approx([m["grpo/kl"] for m in bf16_off], abs=1e-7)
+
+
+def test_max_obs_tokens_too_small_for_the_tags_is_a_start_up_error(files):
+    """Today's main failed at the first search of a run (ValueError deep in the rollout)."""
+    with pytest.raises(SystemExit, match="--max-obs-tokens 3 is too small: max_obs_tokens=3 cannot hold the "
+                                         "<information> tags"):
+        train_in_process(files, files["dir"] / "obs_small", "--steps", "1", "--max-obs-tokens", "3")
