@@ -303,7 +303,9 @@ def main(argv=None):
             out.parent.mkdir(parents=True, exist_ok=True)
             records_out = open(records_file, "w", encoding="utf-8")
         except OSError as err:
-            raise ValueError(f"--out {out}: cannot write there ({err.strerror}: {err.filename})") from None
+            why = f"{err.filename} is not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
+                else f"{err.strerror}: {err.filename}"
+            raise ValueError(f"--out {out}: cannot write there ({why})") from None
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
