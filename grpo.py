@@ -1,12 +1,13 @@
 """GRPO: group-relative advantages and the clipped, KL-regularised policy loss, as the LLDS / Search-R1 code runs it.
 
 Paper: Deng et al., "On GRPO Collapse in Search-R1: The Lazy Likelihood-Displacement Death Spiral" (arXiv 2512.04220),
-v2 Eq. 1, and the official code (a veRL 0.1 fork): `core_algos.py` compute_grpo_outcome_advantage / compute_policy_loss /
-kl_penalty, and `dp_actor.py` update_policy. Letters: B = sequences (= prompts x G), G = group size, T = response tokens,
-V = vocab. Masks are float [B, T]: 1 on tokens the policy generated, 0 on prompt, retrieved passages and padding.
+v2 Eq. 1, and the official code (a veRL 0.1 fork; line numbers below are at its commit ab05c96): `core_algos.py`
+compute_grpo_outcome_advantage / compute_policy_loss (lines 164-197) / kl_penalty, and `dp_actor.py` update_policy.
+Letters: B = sequences (= prompts x G), G = group size, T = response tokens, V = vocab. Masks are float [B, T]: 1 on
+tokens the policy generated, 0 on prompt, retrieved passages and padding.
 
     A_i   = (r_i - mean(r_group)) / (std(r_group) + 1e-6)                                   -> group_advantages
-    ratio = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp)                              -> grpo_loss
+    ratio = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp), capped at 100               -> grpo_loss
     L_pg  = agg( max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) )                      Eq. 1 (sign flipped: a loss)
     L     = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))         dp_actor.py
 
@@ -17,8 +18,9 @@ Departures from the official code (each is a bug fix or a guard; the defaults ot
      mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch).
   3. A group whose rewards are all equal gets advantage exactly 0 even for non-binary rewards (the code's float mean
      can leave a 1e-17 residue that the 1e-6 denominator blows up to 1e-11).
-  4. The log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
-     overflows to inf and turns the backward pass into NaN (P15).
+  4. The PPO log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
+     overflows to inf and turns the backward pass into NaN (P15). The code's ratio cap at 100 (core_algos.py line 189)
+     is kept on top, so loss and gradient equal the code's (within e^-20 per token) wherever the code's are finite.
 
 Run `python grpo.py` for a demo on toy tensors.
 """
@@ -154,6 +156,9 @@ def aggregate(x, mask, agg="token-mean", num_tokens=None, num_seqs=None, norm_le
 # ----------------------------------------------------------------------------------------------------------------------
 # The loss
 
+PPO_RATIO_MAX = 100.0  # the code caps the token ratio here (core_algos.py line 189): a negative-advantage token whose
+# probability rose more than 100-fold then adds a constant -A * 100 and no gradient (like dual-clip PPO's bound)
+
 
 def grpo_loss(
     logp: torch.Tensor,
@@ -190,7 +195,7 @@ def grpo_loss(
     agg_ = lambda x: aggregate(x, mask, agg, num_tokens, num_seqs, norm_len)  # noqa: E731
 
     log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)  # departure 4
-    ratio = log_ratio.exp()  # [B, T]
+    ratio = log_ratio.exp().clamp(max=PPO_RATIO_MAX)  # [B, T] above 100: constant, gradient 0 (the code's cap)
     pg_unclipped = -adv * ratio  # [B, T]
     pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)  # [B, T]
     pg_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, T] pessimistic bound, Eq. 1

@@ -166,6 +166,52 @@ def test_clip_fraction_counts_only_active_clips():
     assert m1["grpo/clip_frac"] == 0.0  # on-policy: ratio 1, never clipped
 
 
+def test_ppo_ratio_capped_at_100_as_the_code():
+    # core_algos.py compute_policy_loss line 189 (authors' LLDS repository, commit ab05c96) clamps the ratio to
+    # [-100, 100] before both branches. One token, A = -1, logp = -4, old_logp = -10: ratio e^6 = 403.43.
+    #   uncapped: loss = max(-A r, -A clip(r)) = max(403.43, 1.2) = 403.43, d loss / d logp = -A r = 403.43
+    #   the code: r -> 100, loss = max(100, 1.2) = 100, and the cap is flat there: d loss / d logp = 0
+    logp = torch.tensor([[-4.0]], requires_grad=True)
+    loss, m = grpo_loss(logp, torch.tensor([[-10.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
+    assert_close(loss, torch.tensor(100.0))
+    assert _grad(loss, logp).item() == 0.0
+    assert m["grpo/ratio_max"] == 100.0 and m["grpo/clip_frac"] == 0.0  # max(100, 1.2): the unclipped branch wins
+    # below the cap nothing changes: log-ratio 4 -> r = e^4 = 54.598, loss and gradient -A r = 54.598
+    logp = torch.tensor([[-6.0]], requires_grad=True)
+    loss, _ = grpo_loss(logp, torch.tensor([[-10.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
+    assert_close(loss, torch.tensor(math.exp(4.0)))
+    assert_close(_grad(loss, logp), torch.tensor([[math.exp(4.0)]]))
+    # log-ratio 200: the code's exp overflows to inf and its backward gives 0 * inf = NaN; ours is 100 and 0 (finite)
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    loss, _ = grpo_loss(logp, torch.tensor([[-200.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
+    assert loss.item() == 100.0 and _grad(loss, logp).item() == 0.0
+
+
+def _code_ppo_loss(old, logp, adv, mask, eps):
+    """compute_policy_loss as core_algos.py lines 164-197 (commit ab05c96) computes it, restated: token ratio clamped to
+    [-100, 100], pessimistic max of the two branches, masked token-mean; pg_clipfrac and ppo_kl over the same tokens."""
+    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731  verl_F.masked_mean
+    ratio = torch.clamp(torch.exp(logp - old), -100, 100)
+    a, b = -adv * ratio, -adv * torch.clamp(ratio, 1 - eps, 1 + eps)
+    return mean(torch.max(a, b)), mean((b > a).float()), mean(old - logp)
+
+
+def test_ppo_matches_the_code_on_random_inputs_with_large_ratios():
+    # log-ratios up to +-6 (ratios 0.0025 .. 403): every branch of the clip and the cap at 100 occurs
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 5, generator=g) * 8
+    logp = (old + torch.empty(6, 5).uniform_(-6, 6, generator=g)).requires_grad_()
+    adv = torch.randn(6, 5, generator=g)  # per-token advantages: both signs meet both sides of the clip
+    mask = (torch.rand(6, 5, generator=g) > 0.2).float()
+    assert ((logp - old).detach().exp() * mask * (adv < 0)).max() > 100  # the cap is exercised
+    loss, m = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0)
+    want, clipfrac, ppo_kl = _code_ppo_loss(old, logp, adv, mask, 0.2)
+    assert_close(loss, want)
+    assert_close(_grad(loss, logp), _grad(want, logp))
+    assert_close(m["grpo/clip_frac"], clipfrac.item())  # ours -> actor/pg_clipfrac
+    assert_close(m["grpo/ppo_kl"], ppo_kl.item())  # ours -> actor/ppo_kl
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # KL estimators
 
