@@ -2,25 +2,44 @@
 
 Paper: Deng et al., "On GRPO Collapse in Search-R1: The Lazy Likelihood-Displacement Death Spiral" (arXiv 2512.04220),
 v2 Eq. 1, and the official code (a veRL 0.1 fork; line numbers below are at its commit ab05c96): `core_algos.py`
-compute_grpo_outcome_advantage / compute_policy_loss (lines 164-197) / kl_penalty, and `dp_actor.py` update_policy.
-Letters: B = sequences (= prompts x G), G = group size, T = response tokens, V = vocab. Masks are float [B, T]: 1 on
-tokens the policy generated, 0 on prompt, retrieved passages and padding.
+compute_grpo_outcome_advantage / compute_policy_loss (lines 164-197) / compute_policy_loss_gspo (257-318) / kl_penalty,
+and `dp_actor.py` update_policy. Letters: B = sequences (= prompts x G), G = group size, T = response tokens, V = vocab.
+Masks are float [B, T]: 1 on tokens the policy generated, 0 on prompt, retrieved passages and padding.
 
-    A_i   = (r_i - mean(r_group)) / (std(r_group) + 1e-6)                                   -> group_advantages
-    ratio = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp), capped at 100               -> grpo_loss
-    L_pg  = agg( max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) )                      Eq. 1 (sign flipped: a loss)
-    L     = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))         dp_actor.py
+    A_i    = (r_i - mean(r_group)) / (std(r_group) + 1e-6)                                  -> group_advantages
+    r_t    = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp), capped at 100              -> ppo_ratio ("ppo-clip")
+    s_i    = exp( mean_{t in y_i} (logp - old_logp) ),                                      -> gspo_ratio ("gspo")
+    s_i,t  = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]   (value s_i, gradient s_i * grad logp_t; GSPO-token)
+    L_pg   = agg( max(-A * r, -A * clip(r, 1 - eps, 1 + eps_high)) ),  r = r_t or s_i,t     Eq. 1 (sign flipped: a loss)
+    L      = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))        dp_actor.py
+
+"ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., "Group Sequence Policy
+Optimization", arXiv 2507.18071, its GSPO-token form; Eq. (?) TODO verify) is the code's USE_GSPO=true branch
+(dp_actor.py lines 330-341), for the paper's GSPO rows. eps_high > eps is DAPO's "clip-higher" (Yu et al., arXiv
+2503.14476, Sec. 3.1); the code has eps_high = eps for both losses (core_algos.py lines 193, 283-284), and its GSPO
+clips the sequence ratio with the PPO clip_ratio 0.2 (ppo_trainer.yaml line 34; the script does not override it), far
+wider than the GSPO paper's 3e-4 / 4e-4 (its Sec. 5.1): pass clip_eps=3e-4, clip_eps_high=4e-4 for those.
+
+Metrics, ours -> the code's (dp_actor.py lines 441, 448-451): grpo/pg_loss -> actor/pg_loss, grpo/clip_frac ->
+actor/pg_clipfrac, grpo/ppo_kl -> actor/ppo_kl, grpo/entropy -> actor/entropy_loss, grpo/kl -> actor/kl_loss. Per token
+they are the same quantities for both losses: clip_frac is the share of loss-mask tokens where the clipped branch is
+strictly larger (lines 196, 314), ppo_kl the mean of old_logp - logp over them (lines 190, 316; per token for GSPO
+too). The code averages its micro-batch means with equal weight; train.py weights them by token count, so a logged
+value is the exact mean over the mini-batch's tokens (as departure 2). grpo/ratio_mean and grpo/ratio_max (of the ratio
+the loss used: r_t or s_i) have no official counterpart.
 
 Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
   1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (PITFALLS P4: Search-R1 pools
      NQ row i with HotpotQA row i).
   2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so splitting a
-     mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch).
+     mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch). Likewise GSPO's
+     seq-mean-token-mean divides by the mini-batch's row count `num_seqs` (the code: per micro-batch, then / grad_accum;
+     the same for equal micro-batches, except that it leaves rows without a loss token out of the count).
   3. A group whose rewards are all equal gets advantage exactly 0 even for non-binary rewards (the code's float mean
      can leave a 1e-17 residue that the 1e-6 denominator blows up to 1e-11).
   4. The PPO log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
-     overflows to inf and turns the backward pass into NaN (P15). The code's ratio cap at 100 (core_algos.py line 189)
-     is kept on top, so loss and gradient equal the code's (within e^-20 per token) wherever the code's are finite.
+     overflows to inf and turns the backward pass into NaN (P15). The code's ratio cap at 100 (line 189) is kept on top,
+     so loss and gradient equal the code's (within e^-20 per token) wherever the code's are finite.
 
 Run `python grpo.py` for a demo on toy tensors.
 """
@@ -154,10 +173,43 @@ def aggregate(x, mask, agg="token-mean", num_tokens=None, num_seqs=None, norm_le
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The loss
+# Importance ratios: one per token (PPO / GRPO) or one per response, carried by each of its tokens (GSPO)
 
 PPO_RATIO_MAX = 100.0  # the code caps the token ratio here (core_algos.py line 189): a negative-advantage token whose
 # probability rose more than 100-fold then adds a constant -A * 100 and no gradient (like dual-clip PPO's bound)
+
+
+def ppo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token ratio r_t = exp(logp - old_logp), capped at 100 as compute_policy_loss does (core_algos.py lines 186-189).
+
+    logp, old_logp, mask: [B, T] -> [B, T]. The log-ratio is clamped to [-20, 20] first (departure 4): the code's
+    exp overflows to inf beyond ~88 nats, and the cap's zero gradient times inf is NaN. `mask` is unused (per token).
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T] departure 4
+    return log_ratio.exp().clamp(max=PPO_RATIO_MAX)  # [B, T] above 100: constant, gradient 0 (the code's cap)
+
+
+def gspo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token ratio s_i,t = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)], s_i = exp(mean_{t in y_i} logp - old_logp).
+
+    logp, old_logp, mask: [B, T] -> [B, T]; i -> row, t -> column, y_i -> the row's mask-1 tokens (an empty row gets
+    s_i = 1). Every token of row i carries the value s_i and the gradient s_i * grad logp_t, so under
+    seq-mean-token-mean the gradient is that of the sequence-level GSPO objective. log s_i,t is clamped at <= 10 (no
+    lower bound), as core_algos.py compute_policy_loss_gspo lines 291-301 (commit ab05c96) do.
+    """
+    log_s = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    log_st = logp - logp.detach() + log_s.detach()  # [B, T] value log s_i, gradient that of logp_t (straight-through)
+    return log_st.clamp(max=10.0).exp()  # [B, T] the code's clamp; above it the row gets no gradient
+
+
+# policy_loss -> (ratio function, aggregation of the clipped surrogate; None = the caller's `agg`)
+POLICY_LOSSES = {
+    "ppo-clip": (ppo_ratio, None),
+    "gspo": (gspo_ratio, "seq-mean-token-mean"),  # fixed, as the code (lines 309-311): each response weighs 1/B
+}
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The loss
 
 
 def grpo_loss(
@@ -168,7 +220,9 @@ def grpo_loss(
     loss_mask: torch.Tensor,
     *,
     entropy: torch.Tensor | None = None,
+    policy_loss: str = "ppo-clip",
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
     kl_coef: float = 0.001,
     kl_type: str = "k3",
     entropy_coef: float = 0.001,
@@ -182,31 +236,37 @@ def grpo_loss(
     logp [B, T] (with grad), old_logp [B, T] (rollout policy, no grad), ref_logp [B, T] or None (frozen initial model;
     None or kl_coef=0 drops the KL term), adv [B] or [B, T], loss_mask [B, T] float, entropy [B, T] or None (with grad).
     Paper Eq. 1 with the code's additions (dp_actor.py): L = L_pg - entropy_coef * H + kl_coef * KL (P8: +KL, so its
-    gradient pulls logp toward ref_logp). metrics are detached floats under "grpo/". num_tokens / num_seqs / norm_len:
-    see `aggregate` (pass the mini-batch totals when micro-batching). Raises ValueError on shape mismatch or bad names.
+    gradient pulls logp toward ref_logp). policy_loss: "ppo-clip" (token ratio r_t, aggregated by `agg`) or "gspo"
+    (sequence ratio s_i,t, always seq-mean-token-mean; entropy and KL still use `agg`, as the code). The clip range is
+    [1 - clip_eps, 1 + clip_eps_high]; clip_eps_high None means clip_eps (the code's symmetric clip). metrics are
+    detached floats under "grpo/" (the module docstring maps them to the code's). num_tokens / num_seqs / norm_len: see
+    `aggregate` (pass the mini-batch totals when micro-batching). Raises ValueError on shape mismatch or bad names.
     """
     if logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
                          f"{tuple(loss_mask.shape)} must all be [B, T]")
     if kl_type not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_type {kl_type!r}; choose one of {sorted(KL_ESTIMATORS)}")
+    if policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy_loss {policy_loss!r}; choose one of {sorted(POLICY_LOSSES)}")
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    agg_ = lambda x: aggregate(x, mask, agg, num_tokens, num_seqs, norm_len)  # noqa: E731
+    agg_ = lambda x, mode=agg: aggregate(x, mask, mode, num_tokens, num_seqs, norm_len)  # noqa: E731
+    ratio_fn, pg_agg = POLICY_LOSSES[policy_loss]
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
 
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)  # departure 4
-    ratio = log_ratio.exp().clamp(max=PPO_RATIO_MAX)  # [B, T] above 100: constant, gradient 0 (the code's cap)
+    ratio = ratio_fn(logp, old_logp.detach(), mask)  # [B, T] r_t or s_i,t
     pg_unclipped = -adv * ratio  # [B, T]
-    pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)  # [B, T]
+    pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)  # [B, T] DAPO clip-higher when eps_high > eps
     pg_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, T] pessimistic bound, Eq. 1
-    pg_loss = agg_(pg_tok)
+    pg_loss = agg_(pg_tok, pg_agg or agg)
     loss = pg_loss
 
     n = mask.sum().clamp(min=1)
     metrics = {
         "grpo/pg_loss": pg_loss.item(),
-        "grpo/clip_frac": ((pg_clipped > pg_unclipped).float() * mask).sum().item() / n.item(),
-        "grpo/ppo_kl": ((old_logp - logp).detach() * mask).sum().item() / n.item(),  # E_old[log pi_old - log pi]
+        "grpo/clip_frac": ((pg_clipped > pg_unclipped).float() * mask).sum().item() / n.item(),  # actor/pg_clipfrac
+        "grpo/ppo_kl": ((old_logp - logp).detach() * mask).sum().item() / n.item(),  # actor/ppo_kl: E_old[log old/pi]
         "grpo/ratio_mean": (ratio.detach() * mask).sum().item() / n.item(),
         "grpo/ratio_max": ratio.detach().masked_fill(mask == 0, 0).max().item() if mask.any() else 0.0,
     }
@@ -238,4 +298,10 @@ if __name__ == "__main__":
     print(f"pg_loss {loss.item():.4f} clip_frac {m['grpo/clip_frac']:.4f}")  # pg_loss -0.1143 clip_frac 0.1429
     loss.backward()
     print("grad", logp.grad)  # [[0, -0.1429, -0.0857, -0.1429], [0.1429, 0.1429, 0.1429, 0]]: clipped token -> 0
+    # GSPO, same tensors: s_0 = (1.4 * 1 * 0.6 * 1)^(1/4) = 0.9573 (inside [0.8, 1.2]); s_1 = 1 (the masked 1.8 is left
+    # out) -> seq-mean-token-mean of [-0.9573 | +1] = (1 - 0.9573) / 2 = 0.0213; grad row 0: -s_0 / (2 * 4) = -0.1197
+    lp = logp.detach().requires_grad_()
+    loss, m = grpo_loss(lp, old_logp, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0, policy_loss="gspo")
+    loss.backward()
+    print(f"gspo_loss {loss.item():.4f} grad {lp.grad[0, 0].item():.4f}")  # gspo_loss 0.0213 grad -0.1197
     print("k3", kl_k3(torch.tensor([0.0, -50.0]), torch.tensor([0.0, 0.0])))  # tensor([ 0., 10.]): finite at +-50

@@ -1,4 +1,4 @@
-"""Loss-correctness tests for grpo.py: advantages, clipped surrogate, KL estimators, entropy bonus, aggregation.
+"""Loss-correctness tests for grpo.py: advantages, clipped surrogate (PPO and GSPO), KL, entropy bonus, aggregation.
 
 STYLE R11 kinds: (1) hand-computed small tensors with the derivation in a comment, (2) reduction identities checked with
 torch.autograd.grad + assert_close, (3) vectorised vs loop / split vs whole. Test names carry the PITFALLS row they pin.
@@ -14,7 +14,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from grpo import aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3, logp_from_logits  # noqa: E402
+from grpo import (POLICY_LOSSES, aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3,  # noqa: E402
+                  logp_from_logits)
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -212,6 +213,127 @@ def test_ppo_matches_the_code_on_random_inputs_with_large_ratios():
     assert_close(m["grpo/ppo_kl"], ppo_kl.item())  # ours -> actor/ppo_kl
 
 
+def test_clip_eps_high_keeps_the_gradient_between_the_two_bounds():
+    # DAPO clip-higher: bounds [1 - 0.2, 1 + 0.28]. One token each, N = 1, loss = max(-A r, -A clip(r)).
+    # A = +1, r = 1.25: symmetric clip (1.2) -> loss -1.2, grad 0; clip-higher (1.28) -> loss -1.25, grad -A r = -1.25
+    # A = +1, r = 1.30: above both -> -1.2 resp. -1.28, grad 0
+    # A = -1, r = 0.75: the lower bound is still 1 - clip_eps = 0.8 -> max(0.75, 0.8) = 0.8, grad 0 in both
+    cases = [(1.0, 1.25, (-1.2, 0.0), (-1.25, -1.25)), (1.0, 1.30, (-1.2, 0.0), (-1.28, 0.0)),
+             (-1.0, 0.75, (0.8, 0.0), (0.8, 0.0))]
+    for a, r, symmetric, higher in cases:
+        for kw, (want_loss, want_grad) in (({}, symmetric), ({"clip_eps_high": 0.28}, higher)):
+            logp = torch.tensor([[math.log(r)]], requires_grad=True)
+            loss, _ = grpo_loss(logp, torch.zeros(1, 1), None, torch.tensor([a]), torch.ones(1, 1), kl_coef=0.0, **kw)
+            assert_close(loss, torch.tensor(want_loss))
+            assert_close(_grad(loss, logp), torch.tensor([[want_grad]]))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GSPO (the code's USE_GSPO=true branch: core_algos.py compute_policy_loss_gspo, lines 257-318 at commit ab05c96)
+
+
+def _gspo_case():
+    # row 0: A = +1, tokens 0-1 in the mask with log-ratios [0.3, -0.1]; tokens 2-3 masked (log-ratio 2 must not count)
+    # row 1: A = -1, tokens 0-2 in the mask with log-ratios [0.6, 0.3, 0.0]; token 3 masked (log-ratio 5)
+    old = torch.full((2, 4), -2.0)
+    log_ratio = torch.tensor([[0.3, -0.1, 2.0, 2.0], [0.6, 0.3, 0.0, 5.0]])
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 0]])
+    return (old + log_ratio).requires_grad_(), old, mask
+
+
+def test_gspo_two_responses_hand_computed():
+    # s_0 = exp((0.3 - 0.1) / 2) = e^0.1 = 1.105171 (inside [0.8, 1.2])
+    # s_1 = exp((0.6 + 0.3 + 0) / 3) = e^0.3 = 1.349859 (the masked log-ratios 2 and 5 are left out)
+    # every token of row i carries s_i; per token: row 0 max(-s_0, -clip(s_0)) = -1.105171;
+    #   row 1 (A = -1) max(s_1, 1.2) = 1.349859 (above 1 + eps, but for A < 0 the pessimistic max keeps it)
+    # seq-mean-token-mean: (-1.105171 + 1.349859) / 2 = 0.122344
+    # gradient: d s_i,t / d logp_t = s_i, and token t of row i weighs 1 / (B |y_i|):
+    #   row 0: -A s_0 / (2 * 2) = -0.276293 ; row 1: -A s_1 / (2 * 3) = +0.224977 ; masked tokens 0
+    # clip_frac 0 / 5; ppo_kl = mean(old - logp) over the 5 tokens = -(0.3 - 0.1 + 0.6 + 0.3 + 0) / 5 = -0.22
+    logp, old, mask = _gspo_case()
+    s0, s1 = math.exp(0.1), math.exp(0.3)
+    loss, m = grpo_loss(logp, old, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0, policy_loss="gspo")
+    assert_close(loss, torch.tensor((-s0 + s1) / 2))
+    assert_close(_grad(loss, logp), torch.tensor([[-s0 / 4, -s0 / 4, 0, 0], [s1 / 6, s1 / 6, s1 / 6, 0]]))
+    assert m["grpo/clip_frac"] == 0.0
+    assert_close(m["grpo/ppo_kl"], -0.22)
+    assert_close(m["grpo/ratio_max"], s1)
+    # token-level PPO on the same tensors differs: row 0 token 0 has r = e^0.3 = 1.35 > 1.2 with A > 0, so it is
+    # clipped there (gradient 0), while GSPO, whose sequence ratio 1.105 is inside the range, keeps its gradient
+    ppo, _ = grpo_loss(logp, old, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0, policy_loss="ppo-clip")
+    assert _grad(ppo, logp)[0, 0] == 0.0
+    # A = [+1, +1]: row 1 now has s_1 = 1.35 > 1.2 with A > 0: clipped, per token -1.2 and no gradient
+    #   loss = (-1.105171 - 1.2) / 2 = -1.152585; clip_frac = 3 / 5 (the code counts tokens, line 314)
+    loss, m = grpo_loss(logp, old, None, torch.tensor([1.0, 1.0]), mask, kl_coef=0.0, policy_loss="gspo")
+    assert_close(loss, torch.tensor((-s0 - 1.2) / 2))
+    assert_close(_grad(loss, logp), torch.tensor([[-s0 / 4, -s0 / 4, 0, 0], [0.0, 0, 0, 0]]))
+    assert_close(m["grpo/clip_frac"], 3 / 5)
+    # clip-higher applies to GSPO too: eps_high 0.4 puts 1.35 inside [0.8, 1.4], so row 1 gets -s_1 / 6 per token
+    loss, _ = grpo_loss(logp, old, None, torch.tensor([1.0, 1.0]), mask, kl_coef=0.0, policy_loss="gspo",
+                        clip_eps_high=0.4)
+    assert_close(loss, torch.tensor((-s0 - s1) / 2))
+    assert_close(_grad(loss, logp), torch.tensor([[-s0 / 4, -s0 / 4, 0, 0], [-s1 / 6, -s1 / 6, -s1 / 6, 0]]))
+
+
+def test_gspo_gradient_is_the_sequence_level_objectives():
+    # GSPO's objective is per response: (1/B) sum_i max(-A_i s_i, -A_i clip(s_i)), s_i = exp(mean_t (logp - old)).
+    # The token-level straight-through form, aggregated seq-mean-token-mean, must give the same value and gradient.
+    g = torch.Generator().manual_seed(1)
+    old = -torch.rand(6, 7, generator=g) * 3
+    logp = (old + 0.6 * torch.randn(6, 7, generator=g)).requires_grad_()
+    mask = (torch.arange(7)[None] < torch.tensor([7, 2, 5, 1, 6, 4])[:, None]).float()
+    mask[0, 3] = 0.0  # a retrieved passage inside row 0
+    # s = [1.35, 1.27, 0.83, 0.34, 0.77, 1.14]: clipped (A > 0, s > 1.2), kept (A < 0), inside, kept (A > 0, s < 0.8),
+    # clipped (A < 0, s < 0.8), inside
+    adv = torch.tensor([1.0, -0.7, 0.5, 1.2, -1.5, -0.3])
+    loss, _ = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0, policy_loss="gspo")
+    s = (((logp - old) * mask).sum(-1) / mask.sum(-1)).exp()  # [B] with its true gradient
+    want = torch.maximum(-adv * s, -adv * s.clamp(0.8, 1.2)).mean()
+    assert_close(loss, want)
+    grad = _grad(loss, logp)
+    assert_close(grad, _grad(want, logp))
+    assert (grad[[0, 4]] == 0).all() and (grad[[1, 2, 3, 5]].abs().sum(-1) > 0).all()  # the clip zeroes rows 0 and 4
+
+
+def _code_gspo_loss(old, logp, adv, mask, eps):
+    """compute_policy_loss_gspo as core_algos.py lines 283-318 (commit ab05c96) computes it, restated: mean log-ratio
+    over each row's mask, straight-through token form clamped at <= 10, clip, agg_loss "seq-mean-token-mean" (lines
+    240-246: rows without a loss token are left out of the row count); pg_clipfrac and ppo_kl per token."""
+    neg_kl = logp - old
+    seq = (neg_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    ratio = torch.exp(torch.clamp(logp - logp.detach() + seq.detach().unsqueeze(-1), max=10.0))
+    a, b = -adv * ratio, -adv * torch.clamp(ratio, 1 - eps, 1 + eps)
+    per_row = (torch.maximum(a, b) * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+    rows = (mask.sum(-1) > 0).float()
+    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731  verl_F.masked_mean
+    return (per_row * rows).sum() / rows.sum(), mean((b > a).float()), mean(-neg_kl)
+
+
+def test_gspo_matches_the_code_including_its_clamp_at_10():
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(5, 6, generator=g) * 4
+    log_ratio = torch.randn(5, 6, generator=g) * 0.4
+    log_ratio[3] = 12.0  # row 3: mean log-ratio 12 > 10 -> s = e^10 and no gradient for the whole row
+    logp = (old + log_ratio).requires_grad_()
+    mask = (torch.rand(5, 6, generator=g) > 0.25).float()
+    mask[:, 0] = 1.0  # every row has a loss token (the code leaves empty rows out of the count; see departure 2)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.7])[:, None].expand(5, 6)
+    loss, m = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0, policy_loss="gspo")
+    want, clipfrac, ppo_kl = _code_gspo_loss(old, logp, adv, mask, 0.2)
+    assert_close(loss, want)
+    grad = _grad(loss, logp)
+    assert_close(grad, _grad(want, logp))
+    assert (grad[3] == 0).all() and (grad[[0, 1, 2, 4]] * mask[[0, 1, 2, 4]] != 0).any()
+    assert_close(m["grpo/clip_frac"], clipfrac.item())
+    assert_close(m["grpo/ppo_kl"], ppo_kl.item())
+
+
+def test_unknown_policy_loss_raises():
+    lp = torch.zeros(2, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="policy_loss"):
+        grpo_loss(lp, lp.detach(), None, torch.zeros(2), torch.ones(2, 4), policy_loss="gspo-seq")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # KL estimators
 
@@ -351,17 +473,19 @@ def _loss_of(theta, old, ref, adv, mask, rows, agg, **kw):
     return loss
 
 
+@pytest.mark.parametrize("policy_loss", sorted(POLICY_LOSSES))
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("n_micro", [1, 2, 4])
-def test_p14_microbatch_split_gives_full_minibatch_gradient(agg, n_micro):
+def test_p14_microbatch_split_gives_full_minibatch_gradient(agg, n_micro, policy_loss):
+    # GSPO's surrogate is always seq-mean-token-mean (divided by num_seqs = 8); its entropy and KL follow `agg`
     theta, old, ref, adv, mask = _minibatch()
-    full = _grad(_loss_of(theta, old, ref, adv, mask, slice(0, 8), agg), theta)
+    full = _grad(_loss_of(theta, old, ref, adv, mask, slice(0, 8), agg, policy_loss=policy_loss), theta)
     num_tokens = mask.sum()  # computed on the mini-batch, before splitting
     total = torch.zeros_like(theta)
     k = 8 // n_micro
     for s in range(0, 8, k):
-        total += _grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), agg, num_tokens=num_tokens, num_seqs=8),
-                       theta)
+        total += _grad(_loss_of(theta, old, ref, adv, mask, slice(s, s + k), agg, num_tokens=num_tokens, num_seqs=8,
+                                policy_loss=policy_loss), theta)
     assert_close(total, full, rtol=0, atol=1e-6)
 
 
@@ -433,3 +557,4 @@ def test_logp_and_entropy_from_one_log_softmax():
     torch.testing.assert_close(logp, logp_from_logits(logits, targets, 0.7))
     p = torch.softmax(logits / 0.7, -1)  # entropy written out by hand: -sum p log p of the T-scaled distribution
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
+
