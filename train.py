@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 import checkpoint
 from checkpoint import atomic_write
-from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
+from grpo import POLICY_LOSSES, group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
 from llds import likelihood_diagnostics, lld_alarm, llds_loss, ma_beta
 from policy import load_policy
 from retriever import make_retriever
@@ -117,6 +117,10 @@ class Args:
     """recompute each decoder layer's activations in backward (gradient checkpointing: less memory, ~1.3x compute)"""
     max_bad_steps: int = 5
     """stop after this many consecutive optimizer steps skipped for a non-finite loss or grad norm"""
+    policy_loss: str = "ppo-clip"
+    """ppo-clip (per-token ratio; the code's default) | gspo (per-response ratio; the code's USE_GSPO=true)"""
+    clip_eps_high: float = None  # None (unset) becomes --clip-eps in parse_args
+    """ratio clip [1 - clip_eps, 1 + clip_eps_high] for both losses (DAPO clip-higher: 0.28); unset = --clip-eps"""
     # --- fsdp
     fsdp: bool = False
     """shard policy and reference with FSDP2 over the torchrun ranks (bf16 compute, fp32 grads/reduction on GPU)"""
@@ -178,6 +182,7 @@ RANGES = {  # Args field -> (valid?, the valid range in words)
     "temperature": (lambda v: v > 0, "> 0"), "lr": (lambda v: v > 0, "> 0"), "grad_clip": (lambda v: v > 0, "> 0"),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "clip_eps_high": (lambda v: v > 0, "> 0"),
 }
 
 
@@ -202,10 +207,12 @@ def parse_args(argv=None) -> Args:
         ap.add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
                         help=f"{docs.get(f.name, '')} (default: {f.default})")
     args = Args(**vars(ap.parse_args(argv)))
+    if args.clip_eps_high is None:  # (computed at runtime) the code's symmetric clip unless asked otherwise
+        args.clip_eps_high = args.clip_eps
     choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
                "llds_ma": ("off", "code", "paper"), "ref_dtype": ("bfloat16", "float32"),
                "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
-               "kl_type": ("k1", "k2", "k3", "low_var_kl"),
+               "kl_type": ("k1", "k2", "k3", "low_var_kl"), "policy_loss": tuple(POLICY_LOSSES),
                "loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
     for name, ok in choices.items():
         if getattr(args, name) not in ok:
@@ -460,7 +467,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
             with amp:
                 logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size, with_entropy=True)
                 pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
-                                     clip_eps=args.clip_eps, kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                     policy_loss=args.policy_loss, clip_eps=args.clip_eps,
+                                     clip_eps_high=args.clip_eps_high, kl_coef=args.kl_coef, kl_type=args.kl_type,
                                      entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
                                      num_seqs=int(num_seqs))
                 reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,

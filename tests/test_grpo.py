@@ -4,6 +4,7 @@ STYLE R11 kinds: (1) hand-computed small tensors with the derivation in a commen
 torch.autograd.grad + assert_close, (3) vectorised vs loop / split vs whole. Test names carry the PITFALLS row they pin.
 """
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -558,3 +559,60 @@ def test_logp_and_entropy_from_one_log_softmax():
     p = torch.softmax(logits / 0.7, -1)  # entropy written out by hand: -sum p log p of the T-scaled distribution
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
 
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Wiring in train.py: --policy-loss and --clip-eps-high reach grpo_loss, and LLDS works on top of GSPO
+
+
+def test_train_parse_policy_loss_and_clip_eps_high(capsys):
+    from train import parse_args
+
+    a = parse_args([])
+    assert a.policy_loss == "ppo-clip" and a.clip_eps_high == a.clip_eps == 0.2  # unset: the code's symmetric clip
+    assert parse_args(["--clip-eps", "0.1"]).clip_eps_high == 0.1
+    a = parse_args(["--policy-loss", "gspo", "--clip-eps-high", "0.28"])
+    assert a.policy_loss == "gspo" and a.clip_eps_high == 0.28 and a.clip_eps == 0.2
+    for argv, err in ((["--policy-loss", "grpo"], "--policy-loss must be one of ('ppo-clip', 'gspo'), got 'grpo'"),
+                      (["--clip-eps-high=0"], "--clip-eps-high must be > 0, got 0.0"),
+                      (["--clip-eps-high=-0.1"], "--clip-eps-high must be > 0, got -0.1"),
+                      (["--clip-eps-high=nan"], "--clip-eps-high must be > 0, got nan")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert capsys.readouterr().err.strip().endswith(err)
+
+
+def test_train_two_steps_gspo_with_llds(tmp_path, monkeypatch):
+    """--policy-loss gspo --llds 0.2: two steps of the real loop on the tiny model; grpo_loss gets the flags and LLDS,
+    a separate term added in train.update, is live (a non-zero gate on the off-policy second mini-batch)."""
+    import train
+    from retriever import DEMO_CORPUS
+    from tiny import save_tiny
+
+    questions = [{"question": q, "golden_answers": [a], "data_source": "toy"}
+                 for q, a in (("Where is the Eiffel Tower", "Paris"), ("What is the capital of Germany", "Berlin"))]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
+    seen = []
+
+    def spy(*a, **kw):
+        seen.append((kw.get("policy_loss"), kw.get("clip_eps"), kw.get("clip_eps_high")))
+        return grpo_loss(*a, **kw)
+
+    monkeypatch.setattr(train, "grpo_loss", spy)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # far faster for the tiny model on a busy CPU
+    try:
+        train.main(train.parse_args([
+            "--model", save_tiny(tmp_path / "model"), "--train-data", str(tmp_path / "q.jsonl"), "--corpus",
+            str(tmp_path / "corpus.jsonl"), "--out-dir", str(tmp_path / "out"), "--steps", "2", "--policy-loss", "gspo",
+            "--clip-eps-high", "0.28", "--llds", "0.2", "--prompts-per-step", "2", "--group-size", "4", "--max-turns",
+            "2", "--max-new-tokens", "16", "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size",
+            "2", "--lr", "1e-3"]))
+    finally:
+        torch.set_num_threads(n)
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert seen and set(seen) == {("gspo", 0.2, 0.28)}  # 2 steps x 2 mini-batches x 2 micro-batches
+    assert all(math.isfinite(m[k]) for m in metrics for k in ("grpo/pg_loss", "grpo/clip_frac", "grpo/ppo_kl",
+                                                                 "llds/penalty", "grpo/grad_norm"))
+    assert any(m["llds/gate_rate"] > 0 for m in metrics)  # LLDS on top of GSPO sees a likelihood drop
