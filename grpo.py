@@ -190,7 +190,7 @@ def ppo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
 
 
 def gspo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GSPO-token ratio s_i,t = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)], s_i = exp(mean_{t in y_i} logp - old_logp).
+    """GSPO-token ratio s_i,t = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)], s_i = exp(mean_t(logp - old_logp)) on y_i.
 
     logp, old_logp, mask: [B, T] -> [B, T]; i -> row, t -> column, y_i -> the row's mask-1 tokens (an empty row gets
     s_i = 1). Every token of row i carries the value s_i and the gradient s_i * grad logp_t, so under
