@@ -142,7 +142,7 @@ class Args:
     llds_gate: str = "action"
     """action (LLDS-A, default) | response (v1) | token (no gate)"""
     llds_norm: str = "code"
-    """code (mean over all unmasked tokens; published numbers) | paper (Eq. 4 per-response mean over Y_pre)"""
+    """code (mean over all unmasked tokens; published numbers) | paper (action: Eq. 4 per response; else Eqs. 9/10)"""
     llds_ma: str = "off"
     """LLDS-MA answer-span weight schedule: off | code (clip(V-1,0,1)) | paper (min(V/2,1))"""
     # --- logging
@@ -453,6 +453,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), ((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum(),
                                                     mini.stop - mini.start])
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
+        # LLDS "paper" normalisation of the response / token gates (Eqs. 9, 10): the model tokens of A >= 0 responses
+        num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
@@ -464,7 +466,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                                      entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
                                      num_seqs=int(num_seqs))
                 reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
-                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
+                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre,
+                                        num_pre_tokens=num_pre_tokens)
                 loss = pg + args.llds * reg  # Eq. 6
             loss.backward()
             loss_sum += loss.item()
