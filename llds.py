@@ -29,8 +29,8 @@ Normalisation (`norm=`):
       Eqs. 10 and 9: pool over the kept tokens, one denominator for the batch: 1/(sum_{i in Y_pre} sum_t |y_{i,t}|).
       The two differ when Y_pre responses differ in length: pooling weighs every kept token alike, the per-response
       mean weighs the tokens of short responses more.
-LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the code's
-schedule (MASK_ADAPTIVE=true, dp_actor.py:361-363) and the paper's (v2 App. B.2.1); they differ below V = 2.
+LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the official
+code's two settings ("code": MASK_ADAPTIVE=true; "fixed": MASK_ADAPTIVE=false, MASK_ANS=true) and the paper's schedule.
 
 Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61):
   1. lambda is applied by the caller (train.py: loss = pg + lambda * llds), not inside the term; the code's answer
@@ -171,18 +171,45 @@ def llds_loss(
     return loss, metrics
 
 
-def ma_beta(mean_valid_searches: float, schedule: str = "code", v_b: float = 2.0) -> float:
-    """LLDS-MA answer-span weight beta from the batch-mean number of valid searches per trajectory V.
+# ----------------------------------------------------------------------------------------------------------------------
+# LLDS-MA: the answer span's weight beta (v2 Eq. 5, App. B.2.1; dp_actor.py:359-371)
 
-    "code" (MASK_ADAPTIVE=true in the official scripts, what produced the 3B-Base LLDS-MA row): beta = clip(V - 1, 0, 1).
-    "paper" (v2 App. B.2.1): beta = min(V / V_B, 1) with V_B = 2. At V = 1 they give 0 and 0.5; both reach 1 at V = 2.
+# schedule -> (V, mask_weight, lambda, V_B) -> the coefficient before the min with lambda (the code's
+# actor/answer_weight; for "paper", lambda * beta). V: batch-mean valid <search> calls per trajectory, counted as the
+# code counts them (generation.py meta_info valid_search_stats: a <search> in the final answer-only turn counts).
+MA_SCHEDULES = {
+    "code": lambda v, w, lam, v_b: w * max(v - 1.0, 0.0),  # MASK_ADAPTIVE=true (dp_actor.py:361-363)
+    "fixed": lambda v, w, lam, v_b: w,  # MASK_ADAPTIVE=false, MASK_ANS=true (dp_actor.py:364-365)
+    "paper": lambda v, w, lam, v_b: lam * min(v / v_b, 1.0),  # v2 App. B.2.1: beta = min(V / V_B, 1), V_B = 2
+}
+
+
+def ma_answer_weight(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2,
+                     mask_weight: float = 0.2, v_b: float = 2.0) -> float:
+    """The answer span's coefficient before the cap at lambda: the official actor/answer_weight (dp_actor.py:366).
+
+    "code": mask_weight * max(V - 1, 0); "fixed": mask_weight; "paper": lambda * min(V / V_B, 1) (mask_weight unused).
+    mask_weight is the official scripts' MASK_WEIGHT (answer_no_reduce_lambda; 0.2 in train_grpo_nqhot.sh).
     Raises ValueError on an unknown schedule.
     """
-    if schedule == "code":
-        return float(min(max(mean_valid_searches - 1.0, 0.0), 1.0))
-    if schedule == "paper":
-        return float(min(mean_valid_searches / v_b, 1.0))
-    raise ValueError(f"unknown MA schedule {schedule!r}; choose 'code' or 'paper'")
+    if schedule not in MA_SCHEDULES:
+        raise ValueError(f"unknown MA schedule {schedule!r}; choose one of {sorted(MA_SCHEDULES)}")
+    return float(MA_SCHEDULES[schedule](mean_valid_searches, mask_weight, lam, v_b))
+
+
+def ma_beta(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2, mask_weight: float = 0.2,
+            v_b: float = 2.0) -> float:
+    """LLDS-MA answer-span weight beta = min(answer_weight, lambda) / lambda, in [0, 1] (dp_actor.py:367-371).
+
+    The code weighs answer-span tokens by min(answer_weight, lambda) and the others by lambda; we apply lambda outside
+    the term (departure 1), so the answer span gets beta. With mask_weight = lambda (the scripts' 0.2 and 0.2):
+    "code" beta = clip(V - 1, 0, 1) (MASK_ADAPTIVE=true, the run behind the 3B-Base LLDS-MA row), "fixed" beta = 1;
+    "paper" beta = min(V / 2, 1). At V = 1 "code" and "paper" give 0 and 0.5; both reach 1 at V = 2. A fixed weight
+    of 0.05 at lambda = 0.2 gives beta = 0.25. lam <= 0 (the term is off): beta = 1, so llds/penalty is unweighted.
+    Raises ValueError on an unknown schedule.
+    """
+    aw = ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight, v_b=v_b)
+    return float(min(aw, lam) / lam) if lam > 0 else 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -278,4 +305,5 @@ if __name__ == "__main__":
     print("on-policy", llds_loss(old_logp, old_logp, torch.tensor([1.0]), mask)[0].item())  # 0.0
     bf16 = llds_loss(logp.detach().bfloat16(), old_logp.bfloat16(), torch.tensor([1.0]), mask)[0]
     print("bf16", bf16.dtype, f"{bf16.item():.4f}")  # torch.float32 0.0833 (Delta is formed in float32)
-    print("beta at V=1: code", ma_beta(1.0), "paper", ma_beta(1.0, "paper"))  # code 0.0 paper 0.5
+    print("beta at V=1: code", ma_beta(1.0), "paper", ma_beta(1.0, "paper"),  # code 0.0 paper 0.5
+          "fixed 0.05", ma_beta(1.0, "fixed", mask_weight=0.05))  # fixed 0.25 (= 0.05 / lambda 0.2)

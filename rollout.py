@@ -27,6 +27,11 @@ Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
   8. Sampling ignores the checkpoint's generation_config (Qwen ships top_k=20, repetition_penalty=1.05): only
      temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
 
+Counts, as the LLDS code keeps them (generation.py:254-349): num_turns = generation calls; num_valid_actions = turns
+whose text parses as <search> or <answer> (valid_action_stats); num_valid_searches = turns that parse as <search>,
+*including* one in the final answer-only turn, which is not executed (valid_search_stats, :295, :338, :515-520; the
+LLDS-MA schedule averages it, dp_actor.py:275-277); num_searches = searches actually executed (logging).
+
 Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
 `python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
 """
@@ -289,6 +294,7 @@ class Episode:
     answer: str | None = None
     reward: float = 0.0
     num_searches: int = 0  # searches executed
+    num_valid_searches: int = 0  # turns that parsed as <search>, the unexecuted one of the final turn too (LLDS-MA's V)
     retrieved: list = field(default_factory=list)  # the retriever's formatted passages, one str per executed search
     num_turns: int = 0  # generation calls
     num_valid_actions: int = 0
@@ -384,6 +390,7 @@ def rollout(
             e.answer = extract_answer(action_text)  # departure 5: only the ending action can hold a full <answer>
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None
+            e.num_valid_searches += action == "search"  # the final turn's too: is_search is set before do_search acts
             if action == "answer" or final:
                 e.done = True
             elif action == "search":

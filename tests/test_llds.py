@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from llds import action_segments, llds_loss, ma_beta  # noqa: E402
+from llds import MA_SCHEDULES, action_segments, llds_loss, ma_answer_weight, ma_beta  # noqa: E402
 
 GATES = ["action", "response", "token"]
 NORMS = ["code", "paper"]
@@ -423,7 +423,63 @@ def test_p8_parte_llds_ma_with_code_and_paper_beta(schedule, v, want):
     assert_close(_grad(loss, logp), -weight / 4)
 
 
+@pytest.mark.parametrize("schedule, v, lam, w, beta, answer_weight", [
+    # fixed (MASK_ADAPTIVE=false, MASK_ANS=true): the answer coefficient min(w, lambda), whatever V
+    ("fixed", 1.0, 0.2, 0.05, 0.25, 0.05),  # w = 0.05 (v1's probable setting): 0.05 / 0.2
+    ("fixed", 3.0, 0.2, 0.05, 0.25, 0.05),
+    ("fixed", 1.0, 0.2, 0.5, 1.0, 0.5),  # capped at lambda: min(0.5, 0.2) / 0.2
+    ("fixed", 1.0, 0.3, 0.2, 2 / 3, 0.2),  # lambda 0.3 (7B-Instruct) with the scripts' MASK_WEIGHT 0.2
+    # code (MASK_ADAPTIVE=true): min(w * max(V - 1, 0), lambda) / lambda; answer_weight is logged before the cap
+    ("code", 1.5, 0.3, 0.2, 1 / 3, 0.1),  # 0.2 * 0.5 = 0.1 -> 0.1 / 0.3
+    ("code", 3.0, 0.2, 0.2, 1.0, 0.4),  # 0.2 * 2 = 0.4 -> capped at 0.2
+    ("code", 0.5, 0.2, 0.2, 0.0, 0.0),
+    # paper: min(V / 2, 1), w unused; its answer coefficient is lambda * beta
+    ("paper", 1.0, 0.3, 0.05, 0.5, 0.15),
+])
+def test_ma_beta_fixed_and_code_schedules_with_mask_weight(schedule, v, lam, w, beta, answer_weight):
+    assert ma_beta(v, schedule, lam=lam, mask_weight=w) == pytest.approx(beta)
+    assert ma_answer_weight(v, schedule, lam=lam, mask_weight=w) == pytest.approx(answer_weight)
+    assert ma_beta(v, schedule, lam=0.0, mask_weight=w) == 1.0  # the term is off: llds/penalty unweighted
+
+
+@pytest.mark.parametrize("schedule", ["code", "fixed"])
+@pytest.mark.parametrize("v", [0.8, 1.25, 2.0, 2.7])
+@pytest.mark.parametrize("lam, w", [(0.2, 0.2), (0.2, 0.05), (0.3, 0.2), (0.1, 0.4)])
+def test_ma_weight_times_lambda_is_the_official_coefficient_map(schedule, v, lam, w):
+    # dp_actor.py:359-371, 395-396 written out: answer-span tokens get min(mask_weight, lambda), the others lambda,
+    # with mask_weight = w * max(V - 1, 0) (MASK_ADAPTIVE=true) or w; loss = masked_mean(valid * coeff). Ours, lambda *
+    # llds_loss(weight = 1 + (beta - 1) * answer_mask), must be the same number (departure 1), gate and all.
+    g = torch.Generator().manual_seed(13)
+    delta = 0.3 * torch.randn(3, 10, generator=g)
+    mask = torch.ones(3, 10)
+    mask[0, 4:6] = mask[2, 7:] = 0.0
+    answer = torch.zeros(3, 10)
+    answer[0, 7:] = answer[1, 6:] = 1.0
+    adv = torch.tensor([1.0, 0.0, -1.0])
+    logp, old = _from_delta(delta)
+    beta = ma_beta(v, schedule, lam=lam, mask_weight=w)
+    loss, _ = llds_loss(logp, old, adv, mask, weight=1.0 + (beta - 1.0) * answer)
+    mask_weight = w * max(v - 1.0, 0.0) if schedule == "code" else w
+    coeff = torch.where(answer.bool(), min(mask_weight, lam), lam)  # the code's answer_mask is 0 on the span
+    gate_tok = torch.zeros(3, 10)
+    keep = (adv >= 0).float()[:, None] * mask
+    for i in range(3):  # the action gate, as a loop
+        t = 0
+        while t < 10:
+            if keep[i, t]:
+                s = t
+                while t < 10 and keep[i, t]:
+                    t += 1
+                gate_tok[i, s:t] = float(delta[i, s:t].sum() > 0)
+            else:
+                t += 1
+    official = (gate_tok * delta.clamp(min=0) * coeff * mask).sum() / mask.sum()
+    assert official.item() > 0
+    assert_close(lam * loss, official)
+
+
 def test_ma_beta_unknown_schedule_raises():
+    assert sorted(MA_SCHEDULES) == ["code", "fixed", "paper"]  # train.py's --llds-ma choices come from this table
     with pytest.raises(ValueError):
         ma_beta(1.0, "linear")
 
