@@ -44,6 +44,21 @@ Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f6
      (on-policy); clamp(min=0) would give the full pull. Likewise the code's response gate is not detached
      (dp_actor.py:390-391 overwrite only its > 0 entries with 1): a response whose Deltas sum to exactly 0 still sends
      a gradient through that sum; ours sends none.
+  4. Metrics are exact means over the step (every micro-batch, every rank); the code logs the value of the *last*
+     micro-batch of the last mini-batch, of one worker (dp_actor.py:366-431 assign `metrics[key] = ...`, where the
+     other metrics are appended and averaged).
+
+Our keys -> the official code's (dp_actor.py line), to overlay our curves on a run of the authors' code:
+  llds/penalty              actor/loss_noreduce / lambda (:396, :430, --llds-norm code); lambda: loss_noreduce_coef
+  llds/active_per_response  actor/mean_reduce_chunk (:383; action gate: activated actions per A >= 0 response)
+  llds/pos_avg_old_logp     actor/pos_avg_old_log_prob (:418-419), likewise neg_ (:420-421)
+  llds/pos_avg_ref_logp     actor/pos_avg_ref_log_prob (:423-424), likewise neg_ (:425-426)
+  llds/answer_tokens        actor/num_answer_mask (:398-401)      } the code logs these as 0 unless MASK_ANS=true;
+  llds/answer_frac          actor/is_answer_mask (:400-402)       } ours are always measured. answer_prob_* use the
+  llds/answer_prob_mean     actor/lowest_prob_avg_mean (:404-409) } policy after the step's updates, the code the one
+  llds/answer_prob_min      actor/lowest_prob_avg_min (:410-415)  } before its last optimizer step
+  llds/answer_weight        actor/answer_weight (:361-366, --llds-ma code/fixed); llds/ma_beta = min(it, lambda)/lambda
+  rollout/valid_searches_per_traj  env/number_of_valid_search (ray_trainer.py compute_data_metrics)
 
 Run `python llds.py` for a demo on toy tensors.
 """
@@ -133,12 +148,14 @@ def llds_loss(
     logp [B, T] (current policy, with grad; float32 or bfloat16), old_logp [B, T] (rollout policy; detached here),
     adv [B] or [B, T], loss_mask [B, T] float (1 = model token). weight [B, T] or None: LLDS-MA per-token weight (beta
     on the answer span, 1 elsewhere). Mini-batch totals, when micro-batching (default: this batch's): num_tokens, the
-    unmasked tokens ("code" normalisation); num_pre, the Y_pre responses with a model token ("paper", action gate);
-    num_pre_tokens, the model tokens of Y_pre responses ("paper", response and token gates). Source: v2 Eqs. 4/9/10
-    and dp_actor.py:347-396 (update_policy).
+    unmasked tokens ("code" normalisation); num_pre, the Y_pre responses with a model token ("paper", action gate, and
+    the llds/active_per_response metric); num_pre_tokens, the model tokens of Y_pre responses ("paper", response and
+    token gates). Source: v2 Eqs. 4/9/10 and dp_actor.py:347-396 (update_policy).
     metrics (floats, "llds/"): penalty (this value), gate_rate (gated units / units in Y_pre, a unit being an action,
-    a response, or a token with Delta > 0 for the token variant), delta_mean (mean Delta over Y_pre tokens; > 0 means
-    the kept responses lost likelihood), frac_tokens (share of Y_pre tokens that are penalised).
+    a response, or a token with Delta > 0 for the token variant), active_per_response (gated units per Y_pre response,
+    normalised like the loss by num_pre so that micro-batch values add up; action gate: the code's
+    actor/mean_reduce_chunk), delta_mean (mean Delta over Y_pre tokens; > 0 means the kept responses lost likelihood),
+    frac_tokens (share of Y_pre tokens that are penalised).
     Raises ValueError on unknown gate / norm or shape mismatch.
     """
     if gate not in GATES:
@@ -162,9 +179,11 @@ def llds_loss(
     loss = NORMS[norm][gate](pen, keep, mask, num_tokens, num_pre, num_pre_tokens)
 
     n_keep = keep.sum().clamp(min=1).item()
+    n_pre = (keep.sum(-1) > 0).sum().item() if num_pre is None else float(num_pre)
     metrics = {
         "llds/penalty": loss.item(),
         "llds/gate_rate": n_on.item() / max(n_units.item(), 1),
+        "llds/active_per_response": n_on.item() / max(n_pre, 1),
         "llds/delta_mean": (delta.detach() * keep).sum().item() / n_keep,
         "llds/frac_tokens": ((pen.detach() > 0).float() * keep).sum().item() / n_keep,
     }
@@ -210,6 +229,44 @@ def ma_beta(mean_valid_searches: float, schedule: str = "code", *, lam: float = 
     """
     aw = ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight, v_b=v_b)
     return float(min(aw, lam) / lam) if lam > 0 else 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The official code's monitoring quantities (dp_actor.py:398-426), over the whole batch
+
+
+def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None) -> dict:
+    """The log-probability and answer-span statistics dp_actor.py logs around LLDS, with its formulas, on a batch.
+
+    old_logp, logp [B, T]: rollout policy and current policy (train.py passes the policy after the step's updates);
+    adv [B] or [B, T]; loss_mask [B, T] (1 = model token); answer_mask [B, T] (1 on the final <answer>...</answer>
+    span; the code's answer_mask is the complement, 0 there); ref_logp [B, T] or None (no ref_ keys then).
+    Returns floats: llds/pos_avg_old_logp = sum over A >= 0 model tokens of old_logp / all model tokens, neg_ the same
+    over A < 0 (dp_actor.py:418-421: the denominator is *all* tokens, so pos_ + neg_ is the token mean); likewise
+    pos_/neg_avg_ref_logp (:423-426); llds/answer_tokens (mean answer-span tokens per response, :398-401), answer_frac
+    (share of responses with an answer span, :400-402), answer_prob_mean / answer_prob_min (mean / min of exp(logp)
+    over answer-span tokens, 0.0 when there are none, as the code logs; :404-415).
+    """
+    mask = loss_mask.float()
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    pos, neg = (adv >= 0).float() * mask, (adv < 0).float() * mask  # [B, T]
+    n = mask.sum().clamp(min=1)
+    out = {"llds/pos_avg_old_logp": ((old_logp * pos).sum() / n).item(),
+           "llds/neg_avg_old_logp": ((old_logp * neg).sum() / n).item()}
+    if ref_logp is not None:
+        out["llds/pos_avg_ref_logp"] = ((ref_logp * pos).sum() / n).item()
+        out["llds/neg_avg_ref_logp"] = ((ref_logp * neg).sum() / n).item()
+    ans = answer_mask.float()  # [B, T]
+    per_resp = ans.sum(-1)  # [B]
+    prob = logp.detach().float().exp()  # [B, T]
+    has = bool((ans > 0).any())
+    out.update({
+        "llds/answer_tokens": per_resp.mean().item(),
+        "llds/answer_frac": (per_resp > 0).float().mean().item(),
+        "llds/answer_prob_mean": ((prob * ans).sum() / ans.sum()).item() if has else 0.0,
+        "llds/answer_prob_min": prob[ans > 0].min().item() if has else 0.0,
+    })
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------

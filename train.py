@@ -46,13 +46,14 @@ from tqdm import tqdm
 import checkpoint
 from checkpoint import atomic_write
 from grpo import group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
-from llds import MA_SCHEDULES, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta
+from llds import MA_SCHEDULES, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta, official_metrics
 from policy import load_policy
 from retriever import make_retriever
 from rollout import check_obs_budget, load_questions, rollout
 
 
-LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty")  # normalised by the mini-batch: micro-batch values add up
+# normalised by the mini-batch's totals (its tokens, or its A >= 0 responses): micro-batch values add up
+LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty", "llds/active_per_response")
 
 
 @dataclass
@@ -675,7 +676,11 @@ def main(args: Args):
                 "grpo/skipped_steps": stepped.count(False),
                 "grpo/lr": lr,
             })
-            metrics.update(likelihood_diagnostics(gather_rows(old_logp), gather_rows(new_logp), loss_mask, rewards))
+            old_all, new_all = gather_rows(old_logp), gather_rows(new_logp)
+            metrics.update(likelihood_diagnostics(old_all, new_all, loss_mask, rewards))
+            metrics.update(official_metrics(old_all, new_all, gather_rows(adv[:, None])[:, 0], loss_mask,
+                                            gather_rows(batch["answer_mask"]),
+                                            gather_rows(ref_logp) if ref_logp is not None else None))
             metrics.update(ma_metrics)
             history.append(metrics)
             new_phase = lld_alarm([m.get("diag/delta_correct") for m in history],

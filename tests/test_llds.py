@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from llds import MA_SCHEDULES, action_segments, llds_loss, ma_answer_weight, ma_beta  # noqa: E402
+from llds import MA_SCHEDULES, action_segments, llds_loss, ma_answer_weight, ma_beta, official_metrics  # noqa: E402
 
 GATES = ["action", "response", "token"]
 NORMS = ["code", "paper"]
@@ -164,6 +164,45 @@ def test_metrics_hand_checked():
     assert_close(m["llds/frac_tokens"], 0.5)
     assert_close(m["llds/penalty"], 0.6 / 14)
     assert_close(m["llds/penalty"], loss.item())
+
+
+@pytest.mark.parametrize("gate, want", [("action", 0.5), ("response", 0.5), ("token", 2.0)])
+def test_active_per_response_hand_checked(gate, want):
+    # GATE example, both rows A = +1, so |Y_pre| = 2 responses:
+    #   action: row 0 has 2 actions, 1 gated; row 1 one action, off -> 1 / 2 (the code's actor/mean_reduce_chunk,
+    #           dp_actor.py:383: mean over A >= 0 rows of the activated actions per row = mean(1, 0))
+    #   response: row 0 on, row 1 off -> 1 / 2 ; token: Delta > 0 on (0,0), (0,6), (1,0), (1,3) -> 4 / 2
+    logp, old = _from_delta(GATE_DELTA)
+    _, m = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate=gate)
+    assert_close(m["llds/active_per_response"], want)
+    # SPLIT: row 1 has A < 0 and is not counted: 1 gated action of the one Y_pre response
+    logp, old = _from_delta(SPLIT_DELTA)
+    assert_close(llds_loss(logp, old, SPLIT_ADV, SPLIT_MASK)[1]["llds/active_per_response"], 1.0)
+
+
+def test_active_per_response_matches_the_official_loop_on_random_tensors():
+    # dp_actor.py:376-383 written out: per row with A >= 0, count the runs of (loss_mask * [A >= 0]) whose signed
+    # sum of Delta is > 0; the metric is the mean of that count over those rows
+    g = torch.Generator().manual_seed(21)
+    B, T = 7, 16
+    delta = 0.3 * torch.randn(B, T, generator=g)
+    mask = (torch.rand(B, T, generator=g) < 0.7).float()
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, -0.2, 1.0, 0.0])
+    counts = []
+    for i in range(B):
+        if adv[i] < 0:
+            continue
+        n, run = 0, []
+        for t in range(T + 1):
+            if t < T and mask[i, t] == 1:
+                run.append(delta[i, t].item())
+            elif run:
+                n, run = n + (sum(run) > 0), []
+        counts.append(n)
+    assert max(counts) >= 2  # not vacuous
+    logp, old = _from_delta(delta)
+    _, m = llds_loss(logp, old, adv, mask, gate="action")
+    assert m["llds/active_per_response"] == pytest.approx(sum(counts) / len(counts), rel=1e-6)
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -502,12 +541,14 @@ def test_p14_llds_microbatch_invariance(gate, norm):
     num_tokens = mask.sum()  # mini-batch totals, computed before splitting
     num_pre = ((adv >= 0).float()[:, None] * mask).sum(-1).gt(0).sum()
     num_pre_tokens = ((adv >= 0).float()[:, None] * mask).sum()
-    total = torch.zeros_like(theta)
+    total, active = torch.zeros_like(theta), 0.0
     for rows in (slice(0, 4), slice(4, 8)):
-        loss, _ = llds_loss(theta[rows] * 1.0, old[rows], adv[rows], mask[rows], gate=gate, norm=norm,
+        loss, m = llds_loss(theta[rows] * 1.0, old[rows], adv[rows], mask[rows], gate=gate, norm=norm,
                             num_tokens=num_tokens, num_pre=num_pre, num_pre_tokens=num_pre_tokens)
         total += _grad(loss, theta)
+        active += m["llds/active_per_response"]  # normalised by the mini-batch's num_pre: the halves add up
     assert_close(total, g_full, rtol=0, atol=1e-6)
+    assert active == pytest.approx(llds_loss(theta, old, adv, mask, gate=gate)[1]["llds/active_per_response"])
     # without the mini-batch totals the two halves (47 vs 22 tokens) are normalised differently ("code")
     if norm == "code":
         naive = sum(_grad(llds_loss(theta[r] * 1.0, old[r], adv[r], mask[r], gate=gate)[0], theta) / 2
@@ -524,6 +565,28 @@ def test_unknown_gate_norm_or_shape_raises():
         llds_loss(x, x.detach(), adv, mask, norm="mean")
     with pytest.raises(ValueError):
         llds_loss(x, x.detach(), adv, torch.ones(2, 5))
+
+
+def test_official_metrics_hand_computed():
+    # rows: A = [1, 0, -1]; loss_mask [[1,1,0,1], [1,1,1,0], [1,1,0,0]] -> 8 model tokens (the denominator of all four
+    # pos_/neg_ averages, dp_actor.py:418-426)
+    # pos_avg_old = (-1 - 2 - 3  -1 - 1 - 1) / 8 = -9/8 ; neg_avg_old = (-4 - 2) / 8 = -0.75 (sum = the token mean)
+    # ref = old - 0.5 -> pos = (-9 - 6 * 0.5) / 8 = -1.5 ; neg = (-6 - 2 * 0.5) / 8 = -7/8
+    # answer_mask [[0,0,0,1], [0,1,1,0], [0,0,0,0]]: per response 1, 2, 0 tokens -> answer_tokens 1.0, answer_frac 2/3
+    # answer-token probabilities exp(logp) = 0.25, 0.5, 0.125 -> mean 0.875 / 3, min 0.125
+    old = torch.tensor([[-1.0, -2, 9, -3], [-1, -1, -1, 9], [-4, -2, 9, 9]])
+    mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
+    answer = torch.tensor([[0.0, 0, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]])
+    logp = torch.log(torch.tensor([[0.9, 0.9, 0.9, 0.25], [0.9, 0.5, 0.125, 0.01], [0.9, 0.9, 0.9, 0.9]]))
+    m = official_metrics(old, logp, torch.tensor([1.0, 0.0, -1.0]), mask, answer, ref_logp=old - 0.5)
+    assert m["llds/pos_avg_old_logp"] == pytest.approx(-9 / 8) and m["llds/neg_avg_old_logp"] == pytest.approx(-0.75)
+    assert m["llds/pos_avg_ref_logp"] == pytest.approx(-1.5) and m["llds/neg_avg_ref_logp"] == pytest.approx(-7 / 8)
+    assert m["llds/answer_tokens"] == pytest.approx(1.0) and m["llds/answer_frac"] == pytest.approx(2 / 3)
+    assert m["llds/answer_prob_mean"] == pytest.approx(0.875 / 3) and m["llds/answer_prob_min"] == pytest.approx(0.125)
+    # no answer span anywhere: 0.0, as the code logs (dp_actor.py:413-415); no reference: no ref_ keys
+    m = official_metrics(old, logp, torch.tensor([1.0, 0.0, -1.0]), mask, torch.zeros(3, 4))
+    assert m["llds/answer_prob_mean"] == 0.0 and m["llds/answer_prob_min"] == 0.0 and m["llds/answer_frac"] == 0.0
+    assert "llds/pos_avg_ref_logp" not in m
 
 
 # ----------------------------------------------------------------------------------------------------------------------
