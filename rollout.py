@@ -278,6 +278,7 @@ def answer_span(action_ids: list[int], tokenizer) -> list[int]:
     spans = list(ANSWER_RE.finditer(text))
     if not spans:
         return [0] * len(action_ids)
+    # NOTE(departure): the whole span by prefix lengths of the sampled ids; the LLDS code reads the last 50 tokens only
     start = spans[-1].start()
     first = _first_prefix(action_ids, tokenizer, lambda t: len(t) > start) - 1  # token holding the '<' of <answer>
     end = _first_prefix(action_ids, tokenizer, lambda t: len(t) >= spans[-1].end())  # tokens up to </answer>
