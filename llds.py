@@ -8,26 +8,57 @@ current policy has moved below the rollout policy,
 
 and, where a whole action (or response) has lost likelihood, pulls the tokens that lost it back up:
 
-    L_LLDS = norm( sum_{i in Y_pre} sum_t 1[sum_k Delta_{i,t,k} > 0] * sum_k w_{i,t,k} * max(0, Delta_{i,t,k}) )   Eq. 4/5
-    L_total = L_GRPO + lambda * L_LLDS                                                                             Eq. 6
+    L_LLDS = norm( sum_{i in Y_pre} sum_t 1[sum_k Delta_{i,t,k} > 0] * sum_k w_{i,t,k} * max(0, Delta_{i,t,k}) ) Eq. 4/5
+    L_total = L_GRPO + lambda * L_LLDS                                                                           Eq. 6
 
-Y_pre = {i : A_i >= 0}: correct responses and every response of an all-equal group (A = 0). An *action* is a maximal
-run of model tokens between two tool observations, i.e. one contiguous run of 1s in `loss_mask` (so `loss_mask` must be 0
-on every observation token, PITFALLS P5/P6, or two turns merge into one action). The gate is detached: its gradient is
-exactly -lambda * grad(logp) on gated tokens with Delta > 0 and zero elsewhere (SPEC 3.6 item 9).
+Symbols -> variables: i -> row, t -> action (`action_segments`), k -> token of the action; Delta -> `delta`; Y_pre =
+{i : A_i >= 0} -> `keep` (correct responses, and every response of an all-equal group, A = 0); w -> `weight`.
+An *action* is a maximal run of model tokens between two tool observations, i.e. one contiguous run of 1s in
+`loss_mask`, so `loss_mask` must be 0 on every observation token (tags and the invalid-action message included), or two
+turns merge into one action. The gate is detached (as dp_actor.py:382 detaches it): the gradient of lambda * L_LLDS is
+exactly -lambda / norm * grad(logp) on gated tokens with Delta > 0, and zero elsewhere, a pure likelihood pull.
+Delta is formed in float32 whatever the dtype of the log-probs: the gate sums hundreds of Deltas, and in bfloat16 (an
+8-bit mantissa) rounding would decide their sign.
 
 Variants (`gate=`): "action" (LLDS-A, v2 default, Eq. 4), "response" (Eq. 10, the v1 method), "token" (Eq. 9, no gate).
-Normalisation (`norm=`): "code" (default; what produced the published numbers: sum over gated tokens divided by *all*
-unmasked response tokens of the batch, negative-advantage responses included; dp_actor.py) or "paper" (Eq. 4: per
-response, divide by that response's token count, then average over Y_pre).
-LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the code's
-and the paper's schedules (they differ, SPEC 3.6 item 8 / P8).
+Normalisation (`norm=`):
+  "code" (default; what produced the published numbers): the sum over gated tokens divided by *all* unmasked response
+      tokens of the batch, negative-advantage responses included (dp_actor.py:395-396, masked mean over the loss mask).
+  "paper": each variant as the paper typesets it. Action gate, Eq. 4: per response, divide by that response's token
+      count, then average over Y_pre: (1/|Y_pre|) sum_i 1/(sum_t |y_{i,t}|) sum_t ... . Response and token gates,
+      Eqs. 10 and 9: pool over the kept tokens, one denominator for the batch: 1/(sum_{i in Y_pre} sum_t |y_{i,t}|).
+      The two differ when Y_pre responses differ in length: pooling weighs every kept token alike, the per-response
+      mean weighs the tokens of short responses more.
+LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the official
+code's two settings ("code": MASK_ADAPTIVE=true; "fixed": MASK_ADAPTIVE=false, MASK_ANS=true) and the paper's schedule.
 
-Departures from the official code:
+Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61):
   1. lambda is applied by the caller (train.py: loss = pg + lambda * llds), not inside the term; the code's answer
-     coefficient min(mask_weight, lambda) is lambda * beta, so `weight` holds beta.
+     coefficient min(mask_weight, lambda) (dp_actor.py:367-371) is lambda * beta, so `weight` holds beta.
   2. "code" normalisation divides by the *mini-batch's* unmasked token count (`num_tokens`) when the caller passes it,
-     so micro-batching does not change the gradient (PITFALLS P14; the code uses each micro-batch's own count).
+     so micro-batching does not change the gradient; the code divides by each micro-batch's own count, then by the
+     number of accumulation steps (dp_actor.py:396, 444), which weighs the tokens of short micro-batches more.
+  3. The gradient of max(0, Delta) at Delta == 0 exactly is 0 (torch.relu). The code's torch.maximum(0, Delta)
+     (dp_actor.py:374) splits a tie's gradient in half, so every gated token with Delta == 0 gets half the pull of a
+     token with Delta > 0: e.g. every Y_pre token of the token variant when pi_old is recomputed bit for bit
+     (on-policy); clamp(min=0) would give the full pull. Likewise the code's response gate is not detached
+     (dp_actor.py:390-391 overwrite only its > 0 entries with 1): a response whose Deltas sum to exactly 0 still sends
+     a gradient through that sum; ours sends none.
+  4. Metrics are exact means over the step (every micro-batch, every rank); the code logs the value of the *last*
+     micro-batch of the last mini-batch, of one worker (dp_actor.py:366-431 assign `metrics[key] = ...`, where the
+     other metrics are appended and averaged).
+
+Our keys -> the official code's (dp_actor.py line), to overlay our curves on a run of the authors' code:
+  llds/penalty              actor/loss_noreduce / lambda (:396, :430, --llds-norm code); lambda: loss_noreduce_coef
+  llds/active_per_response  actor/mean_reduce_chunk (:383; action gate: activated actions per A >= 0 response)
+  llds/pos_avg_old_logp     actor/pos_avg_old_log_prob (:418-419), likewise neg_ (:420-421)
+  llds/pos_avg_ref_logp     actor/pos_avg_ref_log_prob (:423-424), likewise neg_ (:425-426)
+  llds/answer_tokens        actor/num_answer_mask (:398-401)      } the code logs these as 0 unless MASK_ANS=true;
+  llds/answer_frac          actor/is_answer_mask (:400-402)       } ours are always measured. answer_prob_* use the
+  llds/answer_prob_mean     actor/lowest_prob_avg_mean (:404-409) } policy after the step's updates, the code the one
+  llds/answer_prob_min      actor/lowest_prob_avg_min (:410-415)  } before its last optimizer step
+  llds/answer_weight        actor/answer_weight (:361-366, --llds-ma code/fixed); llds/ma_beta = min(it, lambda)/lambda
+  rollout/valid_searches_per_traj  env/number_of_valid_search (ray_trainer.py compute_data_metrics)
 
 Run `python llds.py` for a demo on toy tensors.
 """
@@ -38,8 +69,8 @@ import torch
 def action_segments(keep: torch.Tensor) -> torch.Tensor:
     """Number the maximal runs of 1s in each row: keep [B, T] (0/1) -> seg [B, T] long, 0 outside runs, 1..K inside.
 
-    Source: the code's `chunk_sums_vectorized` (dp_actor.py), in vectorised form. A run starts where keep is 1 and the
-    previous position is 0 (or the row starts), so every masked observation token ends the action before it.
+    Source: the code's `chunk_sums_vectorized` (dp_actor.py:60-93), in vectorised form. A run starts where keep is 1
+    and the previous position is 0 (or the row starts), so every masked observation token ends the action before it.
     """
     on = keep.bool()  # [B, T]
     prev = torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)  # [B, T] keep shifted right by one
@@ -47,27 +78,56 @@ def action_segments(keep: torch.Tensor) -> torch.Tensor:
     return starts.long().cumsum(-1) * on.long()  # [B, T]
 
 
+# Gates: (delta [B, T] float32, detached; keep [B, T] 0/1) -> (gate [B, T] 0/1 on kept tokens, n_on, n_units):
+# n_on = units whose gate is on, n_units = units in Y_pre (a unit is an action, a response, or for the ungated token
+# variant a token, n_on then counting the tokens with Delta > 0).
+
+
 def _gate_action(delta, keep):
     seg = action_segments(keep)  # [B, T]
-    sums = torch.zeros(keep.shape[0], keep.shape[1] + 1, dtype=delta.dtype, device=delta.device)  # [B, T+1] slot 0 unused
-    sums.scatter_add_(1, seg, delta * keep)  # signed sum of Delta per action
-    gate = (sums > 0).to(delta.dtype).gather(1, seg) * keep  # [B, T] broadcast back to the action's tokens
+    B, T = keep.shape
+    sums = torch.zeros(B, T + 1, dtype=delta.dtype, device=delta.device)  # [B, T+1] slot 0 unused (masked tokens)
+    sums.scatter_add_(1, seg, delta * keep)  # signed sum of Delta per action (dp_actor.py:379)
+    gate = (sums > 0).to(delta.dtype).gather(1, seg) * keep  # [B, T] broadcast back to the action's tokens (:380-381)
     n_units = seg.max(-1).values.sum()  # actions in the preserving set (segments are numbered 1..K per row)
     n_on = (sums[:, 1:] > 0).sum()  # unused slots hold exactly 0, so they never count
     return gate, n_on, n_units
 
 
 def _gate_response(delta, keep):
-    on = (delta * keep).sum(-1, keepdim=True) > 0  # [B, 1] signed sum over the response (fixed in commit 6453f61)
+    on = (delta * keep).sum(-1, keepdim=True) > 0  # [B, 1] signed sum over the response (dp_actor.py:386-391)
     has = keep.sum(-1, keepdim=True) > 0  # [B, 1] response is in Y_pre and has tokens
     return on.to(delta.dtype) * keep, (on & has).sum(), has.sum()
 
 
 def _gate_token(delta, keep):
-    return keep, ((delta > 0).to(delta.dtype) * keep).sum(), keep.sum()  # no gate; "rate" = tokens that lost likelihood
+    return keep, ((delta > 0).to(delta.dtype) * keep).sum(), keep.sum()  # no gate; "on" = tokens that lost likelihood
 
 
 GATES = {"action": _gate_action, "response": _gate_response, "token": _gate_token}
+
+
+# Normalisers: (pen [B, T] penalty on kept tokens, keep [B, T], mask [B, T], counts) -> the loss. Each count is the
+# mini-batch's when the caller passes it (micro-batching then leaves the gradient unchanged), else this batch's.
+
+
+def _by_all_tokens(pen, keep, mask, num_tokens, num_pre, num_pre_tokens):  # "code": dp_actor.py:396
+    return pen.sum() / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
+
+
+def _per_response(pen, keep, mask, num_tokens, num_pre, num_pre_tokens):  # "paper", Eq. 4
+    per_resp = pen.sum(-1) / keep.sum(-1).clamp(min=1)  # [B] 1 / sum_t |y_{i,t}|
+    return per_resp.sum() / ((keep.sum(-1) > 0).sum().clamp(min=1) if num_pre is None else num_pre)  # 1 / |Y_pre|
+
+
+def _by_kept_tokens(pen, keep, mask, num_tokens, num_pre, num_pre_tokens):  # "paper", Eqs. 9 and 10
+    return pen.sum() / (keep.sum().clamp(min=1) if num_pre_tokens is None else num_pre_tokens)  # 1 / sum_{Y_pre} |y_i|
+
+
+NORMS = {
+    "code": {gate: _by_all_tokens for gate in GATES},
+    "paper": {"action": _per_response, "response": _by_kept_tokens, "token": _by_kept_tokens},
+}
 
 
 def llds_loss(
@@ -81,71 +141,136 @@ def llds_loss(
     weight: torch.Tensor | None = None,
     num_tokens=None,
     num_pre=None,
+    num_pre_tokens=None,
 ):
-    """The LLDS term (without lambda) for one (micro-)batch; returns (loss, metrics).
+    """The LLDS term (without lambda) for one (micro-)batch; returns (loss, metrics). Loss is float32.
 
-    logp [B, T] (current policy, with grad), old_logp [B, T] (rollout policy; detached here), adv [B] or [B, T],
-    loss_mask [B, T] float (1 = model token). weight [B, T] or None: LLDS-MA per-token weight (beta on the answer span,
-    1 elsewhere). num_tokens: the denominator of "code" normalisation (default: this batch's loss_mask.sum(); pass the
-    mini-batch's count when micro-batching). num_pre: the number of Y_pre responses for "paper" normalisation (default:
-    those in this batch). Source: v2 Eqs. 4/9/10 and dp_actor.py update_policy (SPEC 3.6).
+    logp [B, T] (current policy, with grad; float32 or bfloat16), old_logp [B, T] (rollout policy; detached here),
+    adv [B] or [B, T], loss_mask [B, T] float (1 = model token). weight [B, T] or None: LLDS-MA per-token weight (beta
+    on the answer span, 1 elsewhere). Mini-batch totals, when micro-batching (default: this batch's): num_tokens, the
+    unmasked tokens ("code" normalisation); num_pre, the Y_pre responses with a model token ("paper", action gate, and
+    the llds/active_per_response metric); num_pre_tokens, the model tokens of Y_pre responses ("paper", response and
+    token gates). Source: v2 Eqs. 4/9/10 and dp_actor.py:347-396 (update_policy).
     metrics (floats, "llds/"): penalty (this value), gate_rate (gated units / units in Y_pre, a unit being an action,
-    a response, or a token with Delta > 0 for the token variant), delta_mean (mean Delta over Y_pre tokens; > 0 means the
-    kept responses lost likelihood), frac_tokens (share of Y_pre tokens that are penalised).
+    a response, or a token with Delta > 0 for the token variant), active_per_response (gated units per Y_pre response,
+    normalised like the loss by num_pre so that micro-batch values add up; action gate: the code's
+    actor/mean_reduce_chunk), delta_mean (mean Delta over Y_pre tokens; > 0 means the kept responses lost likelihood),
+    frac_tokens (share of Y_pre tokens that are penalised).
     Raises ValueError on unknown gate / norm or shape mismatch.
     """
     if gate not in GATES:
         raise ValueError(f"unknown LLDS gate {gate!r}; choose one of {sorted(GATES)}")
-    if norm not in ("code", "paper"):
-        raise ValueError(f"unknown LLDS normalisation {norm!r}; choose 'code' or 'paper'")
+    if norm not in NORMS:
+        raise ValueError(f"unknown LLDS normalisation {norm!r}; choose one of {sorted(NORMS)}")
     if logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
                          f"{tuple(loss_mask.shape)} must all be [B, T]")
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    delta = old_logp.detach() - logp  # [B, T] SPEC 3.1: old minus current (the LLD diagnostic uses the other sign)
-    keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only
+    # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign); float32, so that bf16 log-probs work
+    delta = old_logp.detach().float() - logp.float()  # [B, T]
+    keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only (dp_actor.py:347, 378)
     g, n_on, n_units = GATES[gate](delta.detach(), keep)  # [B, T] gate, detached: it routes, it is not trained
     w = 1.0 if weight is None else weight
-    pen = g * torch.relu(delta) * w  # [B, T] max(0, Delta) on gated tokens only; relu, not clamp(min=0): clamp passes
-    # the gradient at Delta == 0 exactly (on-policy), so the ungated token variant would pull up every Y_pre token
-
-    if norm == "code":
-        # NOTE(departure): num_tokens is the mini-batch's count; the official code uses each micro-batch's (P14)
-        denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
-        loss = (pen * mask).sum() / denom  # all unmasked tokens, A < 0 responses included (dp_actor.py)
-    else:
-        per_resp = (pen * mask).sum(-1) / keep.sum(-1).clamp(min=1)  # [B] Eq. 4: 1 / sum_t |y_{i,t}|
-        in_pre = keep.sum(-1) > 0  # [B]
-        denom = in_pre.sum().clamp(min=1) if num_pre is None else num_pre
-        loss = per_resp.sum() / denom  # 1 / |Y_pre|
+    # NOTE(departure): relu, whose gradient at Delta == 0 is 0; the code's torch.maximum(0, Delta) gives half of it
+    # there (dp_actor.py:374) and clamp(min=0) all of it, so an ungated on-policy token would be pulled up
+    pen = g * torch.relu(delta) * w * mask  # [B, T] max(0, Delta) on gated tokens only
+    # NOTE(departure): "code" divides by the mini-batch's num_tokens; the code by each micro-batch's own count
+    loss = NORMS[norm][gate](pen, keep, mask, num_tokens, num_pre, num_pre_tokens)
 
     n_keep = keep.sum().clamp(min=1).item()
+    n_pre = (keep.sum(-1) > 0).sum().item() if num_pre is None else float(num_pre)
     metrics = {
         "llds/penalty": loss.item(),
         "llds/gate_rate": n_on.item() / max(n_units.item(), 1),
+        "llds/active_per_response": n_on.item() / max(n_pre, 1),
         "llds/delta_mean": (delta.detach() * keep).sum().item() / n_keep,
         "llds/frac_tokens": ((pen.detach() > 0).float() * keep).sum().item() / n_keep,
     }
     return loss, metrics
 
 
-def ma_beta(mean_valid_searches: float, schedule: str = "code", v_b: float = 2.0) -> float:
-    """LLDS-MA answer-span weight beta from the batch-mean number of valid searches per trajectory V.
+# ----------------------------------------------------------------------------------------------------------------------
+# LLDS-MA: the answer span's weight beta (v2 Eq. 5, App. B.2.1; dp_actor.py:359-371)
 
-    "code" (MASK_ADAPTIVE=true in the official scripts, what produced the 3B-Base LLDS-MA row): beta = clip(V - 1, 0, 1).
-    "paper" (v2 App. B.2.1): beta = min(V / V_B, 1) with V_B = 2. At V = 1 they give 0 and 0.5; both reach 1 at V = 2.
+# schedule -> (V, mask_weight, lambda, V_B) -> the coefficient before the min with lambda (the code's
+# actor/answer_weight; for "paper", lambda * beta). V: batch-mean valid <search> calls per trajectory, counted as the
+# code counts them (generation.py meta_info valid_search_stats: a <search> in the final answer-only turn counts).
+MA_SCHEDULES = {
+    "code": lambda v, w, lam, v_b: w * max(v - 1.0, 0.0),  # MASK_ADAPTIVE=true (dp_actor.py:361-363)
+    "fixed": lambda v, w, lam, v_b: w,  # MASK_ADAPTIVE=false, MASK_ANS=true (dp_actor.py:364-365)
+    "paper": lambda v, w, lam, v_b: lam * min(v / v_b, 1.0),  # v2 App. B.2.1: beta = min(V / V_B, 1), V_B = 2
+}
+
+
+def ma_answer_weight(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2,
+                     mask_weight: float = 0.2, v_b: float = 2.0) -> float:
+    """The answer span's coefficient before the cap at lambda: the official actor/answer_weight (dp_actor.py:366).
+
+    "code": mask_weight * max(V - 1, 0); "fixed": mask_weight; "paper": lambda * min(V / V_B, 1) (mask_weight unused).
+    mask_weight is the official scripts' MASK_WEIGHT (answer_no_reduce_lambda; 0.2 in train_grpo_nqhot.sh).
     Raises ValueError on an unknown schedule.
     """
-    if schedule == "code":
-        return float(min(max(mean_valid_searches - 1.0, 0.0), 1.0))
-    if schedule == "paper":
-        return float(min(mean_valid_searches / v_b, 1.0))
-    raise ValueError(f"unknown MA schedule {schedule!r}; choose 'code' or 'paper'")
+    if schedule not in MA_SCHEDULES:
+        raise ValueError(f"unknown MA schedule {schedule!r}; choose one of {sorted(MA_SCHEDULES)}")
+    return float(MA_SCHEDULES[schedule](mean_valid_searches, mask_weight, lam, v_b))
+
+
+def ma_beta(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2, mask_weight: float = 0.2,
+            v_b: float = 2.0) -> float:
+    """LLDS-MA answer-span weight beta = min(answer_weight, lambda) / lambda, in [0, 1] (dp_actor.py:367-371).
+
+    The code weighs answer-span tokens by min(answer_weight, lambda) and the others by lambda; we apply lambda outside
+    the term (departure 1), so the answer span gets beta. With mask_weight = lambda (the scripts' 0.2 and 0.2):
+    "code" beta = clip(V - 1, 0, 1) (MASK_ADAPTIVE=true, the run behind the 3B-Base LLDS-MA row), "fixed" beta = 1;
+    "paper" beta = min(V / 2, 1). At V = 1 "code" and "paper" give 0 and 0.5; both reach 1 at V = 2. A fixed weight
+    of 0.05 at lambda = 0.2 gives beta = 0.25. lam <= 0 (the term is off): beta = 1, so llds/penalty is unweighted.
+    Raises ValueError on an unknown schedule.
+    """
+    aw = ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight, v_b=v_b)
+    return float(min(aw, lam) / lam) if lam > 0 else 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Seeing LLD: the paper's likelihood diagnostics (SPEC part A Sec. 4) and an alarm on the death spiral's phases
+# The official code's monitoring quantities (dp_actor.py:398-426), over the whole batch
+
+
+def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None) -> dict:
+    """The log-probability and answer-span statistics dp_actor.py logs around LLDS, with its formulas, on a batch.
+
+    old_logp, logp [B, T]: rollout policy and current policy (train.py passes the policy after the step's updates);
+    adv [B] or [B, T]; loss_mask [B, T] (1 = model token); answer_mask [B, T] (1 on the final <answer>...</answer>
+    span; the code's answer_mask is the complement, 0 there); ref_logp [B, T] or None (no ref_ keys then).
+    Returns floats: llds/pos_avg_old_logp = sum over A >= 0 model tokens of old_logp / all model tokens, neg_ the same
+    over A < 0 (dp_actor.py:418-421: the denominator is *all* tokens, so pos_ + neg_ is the token mean); likewise
+    pos_/neg_avg_ref_logp (:423-426); llds/answer_tokens (mean answer-span tokens per response, :398-401), answer_frac
+    (share of responses with an answer span, :400-402), answer_prob_mean / answer_prob_min (mean / min of exp(logp)
+    over answer-span tokens, 0.0 when there are none, as the code logs; :404-415).
+    """
+    mask = loss_mask.float()
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    pos, neg = (adv >= 0).float() * mask, (adv < 0).float() * mask  # [B, T]
+    n = mask.sum().clamp(min=1)
+    out = {"llds/pos_avg_old_logp": ((old_logp * pos).sum() / n).item(),
+           "llds/neg_avg_old_logp": ((old_logp * neg).sum() / n).item()}
+    if ref_logp is not None:
+        out["llds/pos_avg_ref_logp"] = ((ref_logp * pos).sum() / n).item()
+        out["llds/neg_avg_ref_logp"] = ((ref_logp * neg).sum() / n).item()
+    ans = answer_mask.float()  # [B, T]
+    per_resp = ans.sum(-1)  # [B]
+    prob = logp.detach().float().exp()  # [B, T]
+    has = bool((ans > 0).any())
+    out.update({
+        "llds/answer_tokens": per_resp.mean().item(),
+        "llds/answer_frac": (per_resp > 0).float().mean().item(),
+        "llds/answer_prob_mean": ((prob * ans).sum() / ans.sum()).item() if has else 0.0,
+        "llds/answer_prob_min": prob[ans > 0].min().item() if has else 0.0,
+    })
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Seeing LLD: the paper's likelihood diagnostics (v2 Sec. 4-5, Figs. 2, 5) and an alarm on the death spiral's phases
 
 
 def likelihood_diagnostics(logp_before, logp_after, loss_mask, reward) -> dict:
@@ -235,4 +360,7 @@ if __name__ == "__main__":
     loss.backward()
     print("grad", logp.grad)  # [[-0.1667, 0, 0, 0, 0, 0, 0, 0]]: -1/6 on the one gated token with Delta > 0
     print("on-policy", llds_loss(old_logp, old_logp, torch.tensor([1.0]), mask)[0].item())  # 0.0
-    print("beta at V=1: code", ma_beta(1.0), "paper", ma_beta(1.0, "paper"))  # code 0.0 paper 0.5
+    bf16 = llds_loss(logp.detach().bfloat16(), old_logp.bfloat16(), torch.tensor([1.0]), mask)[0]
+    print("bf16", bf16.dtype, f"{bf16.item():.4f}")  # torch.float32 0.0833 (Delta is formed in float32)
+    print("beta at V=1: code", ma_beta(1.0), "paper", ma_beta(1.0, "paper"),  # code 0.0 paper 0.5
+          "fixed 0.05", ma_beta(1.0, "fixed", mask_weight=0.05))  # fixed 0.25 (= 0.05 / lambda 0.2)

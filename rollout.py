@@ -26,6 +26,17 @@ Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
      prefers </search> over an earlier </answer>. Kept tokens are identical whenever only one tag appears.
   8. Sampling ignores the checkpoint's generation_config (Qwen ships top_k=20, repetition_penalty=1.05): only
      temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
+  9. em_check guards golds that normalise to "" (an article-only gold such as "The", P20): they are compared on their
+     lower-cased, whitespace-squashed text. Search-R1's qa_em.em_check (lines 37-47) compares normalised strings
+     only, so an empty or article-only prediction matches such a gold.
+ 10. answer_mask marks the final <answer>...</answer> by the decoded lengths of prefixes of the sampled ids, whatever
+     its length; the LLDS code's _build_answer_mask (search_r1/llm_agent/generation.py:393-476) looks only at the last
+     50 tokens of the response and re-tokenizes the decoded text, so a longer answer span gets no mask there (P6).
+
+Counts, as the LLDS code keeps them (generation.py:254-349): num_turns = generation calls; num_valid_actions = turns
+whose text parses as <search> or <answer> (valid_action_stats); num_valid_searches = turns that parse as <search>,
+*including* one in the final answer-only turn, which is not executed (valid_search_stats, :295, :338, :515-520; the
+LLDS-MA schedule averages it, dp_actor.py:275-277); num_searches = searches actually executed (logging).
 
 Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
 `python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
@@ -80,7 +91,7 @@ def em_check(prediction: str | None, golden_answers) -> float:
     pred = normalize_answer(prediction)
     for gold in golds:
         g = normalize_answer(gold)
-        if g == "":  # P20 guard
+        if g == "":  # NOTE(departure): P20 guard; Search-R1 would match an empty / article-only prediction here
             if " ".join(prediction.lower().split()) == " ".join(gold.lower().split()) != "":
                 return 1.0
         elif pred == g:
@@ -258,11 +269,16 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
 
 
 def answer_span(action_ids: list[int], tokenizer) -> list[int]:
-    """0/1 per token of one action: 1 on the tokens of its last <answer>...</answer> (tags included), for LLDS-MA."""
+    """0/1 per token of one action: 1 on the tokens of its last <answer>...</answer> (tags included), for LLDS-MA.
+
+    Departure 10: any span length, mapped by prefix lengths of the sampled ids; the LLDS code searches the response's
+    last 50 tokens only and re-tokenizes text to find the span (generation.py:426, 455-467).
+    """
     text = tokenizer.decode(action_ids)
     spans = list(ANSWER_RE.finditer(text))
     if not spans:
         return [0] * len(action_ids)
+    # NOTE(departure): the whole span by prefix lengths of the sampled ids; the LLDS code reads the last 50 tokens only
     start = spans[-1].start()
     first = _first_prefix(action_ids, tokenizer, lambda t: len(t) > start) - 1  # token holding the '<' of <answer>
     end = _first_prefix(action_ids, tokenizer, lambda t: len(t) >= spans[-1].end())  # tokens up to </answer>
@@ -289,6 +305,7 @@ class Episode:
     answer: str | None = None
     reward: float = 0.0
     num_searches: int = 0  # searches executed
+    num_valid_searches: int = 0  # turns that parsed as <search>, the unexecuted one of the final turn too (LLDS-MA's V)
     retrieved: list = field(default_factory=list)  # the retriever's formatted passages, one str per executed search
     num_turns: int = 0  # generation calls
     num_valid_actions: int = 0
@@ -384,6 +401,7 @@ def rollout(
             e.answer = extract_answer(action_text)  # departure 5: only the ending action can hold a full <answer>
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None
+            e.num_valid_searches += action == "search"  # the final turn's too: is_search is set before do_search acts
             if action == "answer" or final:
                 e.done = True
             elif action == "search":

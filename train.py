@@ -46,13 +46,14 @@ from tqdm import tqdm
 import checkpoint
 from checkpoint import atomic_write
 from grpo import POLICY_LOSSES, group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
-from llds import likelihood_diagnostics, lld_alarm, llds_loss, ma_beta
+from llds import MA_SCHEDULES, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta, official_metrics
 from policy import load_policy
 from retriever import make_retriever
 from rollout import check_obs_budget, load_questions, rollout
 
 
-LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty")  # normalised by the mini-batch: micro-batch values add up
+# normalised by the mini-batch's totals (its tokens, or its A >= 0 responses): micro-batch values add up
+LOSS_TERMS = ("grpo/pg_loss", "grpo/kl", "llds/penalty", "llds/active_per_response")
 
 
 @dataclass
@@ -146,9 +147,11 @@ class Args:
     llds_gate: str = "action"
     """action (LLDS-A, default) | response (v1) | token (no gate)"""
     llds_norm: str = "code"
-    """code (mean over all unmasked tokens; published numbers) | paper (Eq. 4 per-response mean over Y_pre)"""
+    """code (mean over all unmasked tokens; published numbers) | paper (action: Eq. 4 per response; else Eqs. 9/10)"""
     llds_ma: str = "off"
-    """LLDS-MA answer-span weight schedule: off | code (clip(V-1,0,1)) | paper (min(V/2,1))"""
+    """LLDS-MA answer coeff.: off | code min(w*max(V-1,0),lambda) | fixed min(w,lambda) | paper lambda*min(V/2,1)"""
+    llds_ma_weight: float = 0.2
+    """w, the official MASK_WEIGHT: the answer span's coefficient for --llds-ma code and fixed (capped at --llds)"""
     # --- logging
     out_dir: str = "runs/default"
     """metrics.jsonl, rollouts_step*.jsonl and checkpoint/ go here"""
@@ -178,7 +181,7 @@ RANGES = {  # Args field -> (valid?, the valid range in words)
     "micro_batch_size": _at_least(1), "max_bad_steps": _at_least(1), "log_rollouts_every": _at_least(1),
     "num_log_rollouts": _at_least(0), "save_every": _at_least(1), "keep_checkpoints": _at_least(1),
     "alarm_k": _at_least(1), "weight_decay": _at_least(0), "kl_coef": _at_least(0), "entropy_coef": _at_least(0),
-    "llds": _at_least(0),
+    "llds": _at_least(0), "llds_ma_weight": _at_least(0),
     "temperature": (lambda v: v > 0, "> 0"), "lr": (lambda v: v > 0, "> 0"), "grad_clip": (lambda v: v > 0, "> 0"),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -210,7 +213,7 @@ def parse_args(argv=None) -> Args:
     if args.clip_eps_high is None:  # (computed at runtime) the code's symmetric clip unless asked otherwise
         args.clip_eps_high = args.clip_eps
     choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
-               "llds_ma": ("off", "code", "paper"), "ref_dtype": ("bfloat16", "float32"),
+               "llds_ma": ("off", *MA_SCHEDULES), "ref_dtype": ("bfloat16", "float32"),
                "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
                "kl_type": ("k1", "k2", "k3", "low_var_kl"), "policy_loss": tuple(POLICY_LOSSES),
                "loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
@@ -438,6 +441,20 @@ def finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
     return all_reduce([bad])[0] == 0
 
 
+def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[torch.Tensor | None, dict]:
+    """LLDS-MA (v2 Eq. 5): the per-token weight [B, T] (beta on the final answer span, 1 elsewhere) and its metrics;
+    (None, {}) with --llds-ma off. V is the batch mean, over every rank, of Episode.num_valid_searches: the official
+    code's count (meta_info valid_search_stats, averaged in dp_actor.py:275-277), in which a <search> of the final
+    answer-only turn counts though it is not executed. beta = llds.ma_beta(V, --llds-ma, lambda, --llds-ma-weight)."""
+    if args.llds_ma == "off":
+        return None, {}
+    n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
+    kw = {"lam": args.llds, "mask_weight": args.llds_ma_weight}
+    beta = ma_beta(total / n, args.llds_ma, **kw)
+    return 1.0 + (beta - 1.0) * answer_mask, {"llds/ma_beta": beta,
+                                              "llds/answer_weight": ma_answer_weight(total / n, args.llds_ma, **kw)}
+
+
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int,
            amp=contextlib.nullcontext()):
     """The optimizer steps of one rollout step: sequential mini-batches, gradient accumulation over micro-batches.
@@ -460,6 +477,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), ((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum(),
                                                     mini.stop - mini.start])
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
+        # LLDS "paper" normalisation of the response / token gates (Eqs. 9, 10): the model tokens of A >= 0 responses
+        num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
@@ -472,7 +491,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                                      entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
                                      num_seqs=int(num_seqs))
                 reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
-                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre)
+                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre,
+                                        num_pre_tokens=num_pre_tokens)
                 loss = pg + args.llds * reg  # Eq. 6
             loss.backward()
             loss_sum += loss.item()
@@ -631,10 +651,7 @@ def main(args: Args):
                 ref_logp = batch_logp(ref, batch, args.micro_batch_size, args.temperature, vocab_size) \
                     if ref is not None else None
                 del ref  # with --ref-offload its memory is free again before the update
-            weight = None
-            if args.llds_ma != "off":  # LLDS-MA: beta on the final answer span, 1 elsewhere
-                searches = all_reduce([sum(e.num_searches for e in episodes), len(episodes)])
-                weight = 1.0 + (ma_beta(searches[0] / searches[1], args.llds_ma) - 1.0) * batch["answer_mask"]
+            weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
             t_update = time.time()
 
             # --- updates
@@ -650,14 +667,15 @@ def main(args: Args):
 
             # --- log: every rank's trajectories, gathered
             loss_mask = gather_rows(batch["loss_mask"])
-            stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions]
-                                              for e in episodes]))
+            stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions,
+                                               e.num_valid_searches] for e in episodes]))
             rewards = stats[:, 0]
             metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
             metrics.update({
                 "step": step,
                 "rollout/reward": rewards.mean().item(),
                 "rollout/searches_per_traj": stats[:, 1].mean().item(),
+                "rollout/valid_searches_per_traj": stats[:, 4].mean().item(),  # LLDS-MA's V (final-turn <search> too)
                 "rollout/valid_action_ratio": stats[:, 3].sum().item() / max(stats[:, 2].sum().item(), 1),
                 "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
                 "rollout/frac_zero_std_groups": float(np.mean([len(set(g.tolist())) == 1
@@ -666,7 +684,12 @@ def main(args: Args):
                 "grpo/skipped_steps": stepped.count(False),
                 "grpo/lr": lr,
             })
-            metrics.update(likelihood_diagnostics(gather_rows(old_logp), gather_rows(new_logp), loss_mask, rewards))
+            old_all, new_all = gather_rows(old_logp), gather_rows(new_logp)
+            metrics.update(likelihood_diagnostics(old_all, new_all, loss_mask, rewards))
+            metrics.update(official_metrics(old_all, new_all, gather_rows(adv[:, None])[:, 0], loss_mask,
+                                            gather_rows(batch["answer_mask"]),
+                                            gather_rows(ref_logp) if ref_logp is not None else None))
+            metrics.update(ma_metrics)
             history.append(metrics)
             new_phase = lld_alarm([m.get("diag/delta_correct") for m in history],
                                   [m["grpo/grad_norm"] for m in history], k=args.alarm_k)

@@ -1,7 +1,8 @@
-"""Loss-correctness tests for llds.py: the LLDS regulariser (arXiv 2512.04220 v2 Eqs. 4, 5, 9, 10; SPEC 3.6, 3.7).
+"""Loss-correctness tests for llds.py: the LLDS regulariser (arXiv 2512.04220 v2 Eqs. 4, 5, 9, 10; the official
+code's verl/workers/actor/dp_actor.py:347-431 at commit 6453f61).
 
 Delta = old_logp - logp (> 0: the update made the token rarer). Most tests build old_logp = 0 and logp = -Delta, so the
-Deltas can be read off the test. "P<N>_parte" names refer to SPEC Part E section 7; plain P<N> to PITFALLS.md.
+Deltas can be read off the test. Test names carry the number of the pitfall they pin ("_parte": LLDS-specific ones).
 """
 
 import sys
@@ -13,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from llds import action_segments, llds_loss, ma_beta  # noqa: E402
+from llds import MA_SCHEDULES, action_segments, llds_loss, ma_answer_weight, ma_beta, official_metrics  # noqa: E402
 
 GATES = ["action", "response", "token"]
 NORMS = ["code", "paper"]
@@ -38,8 +39,8 @@ def _grad(loss, x):
 @pytest.mark.parametrize("norm", NORMS)
 def test_on_policy_loss_and_gradient_exactly_zero(gate, norm):
     # logp == old_logp -> Delta == 0 everywhere: max(0, Delta) = 0 and no token has Delta > 0, so the loss *and* its
-    # gradient are exactly 0 (mini-batch #1 of every rollout, SPEC 2.2). The token variant has no gate, so this also
-    # pins the gradient of max(0, Delta) at Delta = 0 to 0 (SPEC 3.6 item 9: only tokens with Delta > 0 are pulled up).
+    # gradient are exactly 0 (mini-batch #1 of every rollout is on-policy). The token variant has no gate, so this also
+    # pins the gradient of max(0, Delta) at Delta = 0 to 0 (departure 3: only tokens with Delta > 0 are pulled up).
     g = torch.Generator().manual_seed(1)
     old = -torch.rand(3, 6, generator=g)
     logp = old.clone().requires_grad_()
@@ -165,6 +166,45 @@ def test_metrics_hand_checked():
     assert_close(m["llds/penalty"], loss.item())
 
 
+@pytest.mark.parametrize("gate, want", [("action", 0.5), ("response", 0.5), ("token", 2.0)])
+def test_active_per_response_hand_checked(gate, want):
+    # GATE example, both rows A = +1, so |Y_pre| = 2 responses:
+    #   action: row 0 has 2 actions, 1 gated; row 1 one action, off -> 1 / 2 (the code's actor/mean_reduce_chunk,
+    #           dp_actor.py:383: mean over A >= 0 rows of the activated actions per row = mean(1, 0))
+    #   response: row 0 on, row 1 off -> 1 / 2 ; token: Delta > 0 on (0,0), (0,6), (1,0), (1,3) -> 4 / 2
+    logp, old = _from_delta(GATE_DELTA)
+    _, m = llds_loss(logp, old, torch.tensor([1.0, 1.0]), GATE_MASK, gate=gate)
+    assert_close(m["llds/active_per_response"], want)
+    # SPLIT: row 1 has A < 0 and is not counted: 1 gated action of the one Y_pre response
+    logp, old = _from_delta(SPLIT_DELTA)
+    assert_close(llds_loss(logp, old, SPLIT_ADV, SPLIT_MASK)[1]["llds/active_per_response"], 1.0)
+
+
+def test_active_per_response_matches_the_official_loop_on_random_tensors():
+    # dp_actor.py:376-383 written out: per row with A >= 0, count the runs of (loss_mask * [A >= 0]) whose signed
+    # sum of Delta is > 0; the metric is the mean of that count over those rows
+    g = torch.Generator().manual_seed(21)
+    B, T = 7, 16
+    delta = 0.3 * torch.randn(B, T, generator=g)
+    mask = (torch.rand(B, T, generator=g) < 0.7).float()
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, -0.2, 1.0, 0.0])
+    counts = []
+    for i in range(B):
+        if adv[i] < 0:
+            continue
+        n, run = 0, []
+        for t in range(T + 1):
+            if t < T and mask[i, t] == 1:
+                run.append(delta[i, t].item())
+            elif run:
+                n, run = n + (sum(run) > 0), []
+        counts.append(n)
+    assert max(counts) >= 2  # not vacuous
+    logp, old = _from_delta(delta)
+    _, m = llds_loss(logp, old, adv, mask, gate="action")
+    assert m["llds/active_per_response"] == pytest.approx(sum(counts) / len(counts), rel=1e-6)
+
+
 @pytest.mark.parametrize("gate", GATES)
 def test_p5_parte_negative_advantage_never_penalised_zero_advantage_is(gate):
     # identical rows, every Delta = 0.5 > 0 (so every gate fires); A = [-1, 0, +1]
@@ -183,15 +223,16 @@ def test_p5_parte_negative_advantage_never_penalised_zero_advantage_is(gate):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Vectorised vs plain loop (SPEC 3.7, written out token by token)
+# Vectorised vs plain loop (v2 Eqs. 4, 9, 10 and dp_actor.py:373-396, written out token by token)
 
 
 def _llds_loop(logp, old, adv, mask, gate, norm):
-    """Plain-Python LLDS from SPEC 3.7 / v2 Eqs. 4, 9, 10. Returns (loss, dloss/dlogp) as Python floats / lists."""
+    """Plain-Python LLDS from v2 Eqs. 4, 9, 10 / dp_actor.py. Returns (loss, dloss/dlogp) as Python floats / lists."""
     B, T = len(mask), len(mask[0])
     n_tok = sum(sum(row) for row in mask)
     in_pre = [adv[i] >= 0 and sum(mask[i]) > 0 for i in range(B)]
     n_pre = sum(in_pre)
+    n_pre_tok = sum(sum(mask[i]) for i in range(B) if in_pre[i])
     loss, coef = 0.0, [[0.0] * T for _ in range(B)]
     for i in range(B):
         if adv[i] < 0:
@@ -213,8 +254,9 @@ def _llds_loop(logp, old, adv, mask, gate, norm):
             units = [(tokens, sum(delta[t] for t in tokens) > 0)]
         else:
             units = [([t], True) for r in runs for t in r]
-        # "code": / all unmasked tokens of the batch ; "paper": / (this response's tokens * |Y_pre|)
-        denom = n_tok if norm == "code" else sum(mask[i]) * n_pre
+        # "code": / all unmasked tokens of the batch ; "paper": Eq. 4 (action) / (this response's tokens * |Y_pre|),
+        # Eqs. 9/10 (token, response) / all tokens of the Y_pre responses
+        denom = n_tok if norm == "code" else sum(mask[i]) * n_pre if gate == "action" else n_pre_tok
         for tokens, on in units:
             for t in tokens:
                 if on and delta[t] > 0:
@@ -254,7 +296,7 @@ def test_gradient_matches_loop_reference_on_random_tensors(gate, norm):
 
 
 def test_gradient_is_minus_lambda_grad_logp_on_gated_tokens():
-    # SPEC 3.6 item 9: d/dtheta [lambda * L_LLDS] = -(lambda / denom) * grad logp on gated tokens with Delta > 0, and 0
+    # The gate is detached: d/dtheta [lambda * L_LLDS] = -(lambda / denom) * grad logp on gated tokens with Delta > 0, 0
     # elsewhere. logp comes from logits (theta), old = logp + Delta exactly where Delta = 0. lambda = 0.2, action gate.
     # row 0 (A = +1), mask [1, 1, 0, 1, 1, 1]: action 1 Delta [0.3, -0.1] sum +0.2 ON -> token 0 pulled (token 1 < 0);
     #        token 2 observation (Delta 0.5 ignored); action 2 Delta [0.2, -0.4, 0] sum -0.2 OFF -> nothing pulled
@@ -305,6 +347,74 @@ def test_p3_parte_code_and_paper_normalisation_hand_computed():
     assert_close(_grad(paper, logp), want)
 
 
+# rows (A = [1, 0, -1, 1]), each one action (no observation):
+# row 0: 4 tokens, Delta [0.4, -0.1, 0.2, 0.3], sum 0.8 > 0 (on) -> penalty 0.4 + 0.2 + 0.3 = 0.9
+# row 1: 2 tokens (+2 padding), Delta [0.6, 0.2], sum 0.8 (on) -> 0.8
+# row 2: A < 0, 3 tokens: never penalised, in the "code" denominator only
+# row 3: 2 tokens, Delta [0.5, -0.7], sum -0.2: response / action gate off; the token variant penalises 0.5
+POOL_DELTA = torch.tensor([[0.4, -0.1, 0.2, 0.3], [0.6, 0.2, 9.0, 9.0], [1.0, 1.0, 1.0, 9.0], [0.5, -0.7, 9.0, 9.0]])
+POOL_MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
+POOL_ADV = torch.tensor([1.0, 0.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("gate, want, penalised", [
+    # Eqs. 10 / 9 pool over the kept tokens: one denominator, the 4 + 2 + 2 = 8 model tokens of the Y_pre responses
+    ("response", (0.9 + 0.8) / 8, [(0, 0), (0, 2), (0, 3), (1, 0), (1, 1)]),  # 0.2125
+    ("token", (0.9 + 0.8 + 0.5) / 8, [(0, 0), (0, 2), (0, 3), (1, 0), (1, 1), (3, 0)]),  # 0.275
+])
+def test_paper_normalisation_of_response_and_token_gates_pools_kept_tokens(gate, want, penalised):
+    # The per-response mean of Eq. 4 (what "paper" gave these gates before) differs here, because the Y_pre responses
+    # have 4, 2 and 2 tokens: response (0.9/4 + 0.8/2 + 0/2) / 3 = 0.2083, token (0.9/4 + 0.8/2 + 0.5/2) / 3 = 0.2917.
+    logp, old = _from_delta(POOL_DELTA)
+    loss, _ = llds_loss(logp, old, POOL_ADV, POOL_MASK, gate=gate, norm="paper")
+    assert_close(loss, torch.tensor(want))
+    grad = torch.zeros(4, 4)
+    for i, t in penalised:
+        grad[i, t] = -1 / 8  # the same -1 / (sum_{Y_pre} |y_i|) on every penalised token, long or short response
+    assert_close(_grad(loss, logp), grad)
+    # the action gate keeps Eq. 4's per-response mean: (0.9/4 + 0.8/2 + 0/2) / 3
+    action, _ = llds_loss(logp, old, POOL_ADV, POOL_MASK, gate="action", norm="paper")
+    assert_close(action, torch.tensor((0.225 + 0.4) / 3))
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_bf16_log_probs_give_the_fp32_result(gate):
+    # bf16 log-probs, as an autocast forward can return them (the action gate used to raise in scatter_add_: a float32
+    # Delta * keep added into a bf16 buffer). Delta is now formed in float32, so the loss equals the float32 loss on the
+    # same (bf16-rounded) values exactly, and the float32 loss on the unrounded values to bf16 precision.
+    g = torch.Generator().manual_seed(5)
+    B, T = 6, 24
+    old = -3 * torch.rand(B, T, generator=g)
+    logp32 = old + 0.3 * torch.randn(B, T, generator=g)
+    mask = (torch.rand(B, T, generator=g) < 0.8).float()
+    adv = torch.tensor([1.0, 0.0, -1.0, 0.5, 1.0, 0.0])
+    lp16 = logp32.bfloat16().requires_grad_()
+    loss16, m16 = llds_loss(lp16, old.bfloat16(), adv, mask, gate=gate)
+    assert loss16.dtype == torch.float32
+    lp_ref = lp16.detach().float().requires_grad_()
+    ref, m_ref = llds_loss(lp_ref, old.bfloat16().float(), adv, mask, gate=gate)
+    assert loss16.item() == ref.item() and m16 == m_ref
+    g16 = _grad(loss16, lp16)
+    assert g16.dtype == torch.bfloat16
+    assert_close(g16.float(), _grad(ref, lp_ref), rtol=2 ** -8, atol=0)  # -1/N rounded to bf16
+    full, _ = llds_loss(logp32, old, adv, mask, gate=gate)
+    assert full.item() > 0.01  # not vacuous
+    assert_close(loss16.item(), full.item(), rtol=0.02, atol=0)  # bf16 rounds log-probs near -3 by <= 2^-7 nats
+
+
+def test_gradient_at_zero_delta_is_zero_where_the_official_maximum_gives_half():
+    # Departure 3. One A >= 0 response, 4 tokens, on-policy: Delta == 0 exactly on every token, token variant (no gate).
+    # ours (relu): gradient 0. The code's torch.maximum(zeros, Delta) (dp_actor.py:374) splits the tie: d/dlogp =
+    # -1/2 per token, / 4 tokens = -0.125; clamp(min=0) passes all of it: -0.25.
+    logp = torch.full((1, 4), -1.0, requires_grad=True)
+    old = logp.detach().clone()
+    loss, _ = llds_loss(logp, old, torch.ones(1), torch.ones(1, 4), gate="token")
+    assert loss.item() == 0.0 and (_grad(loss, logp) == 0).all()
+    official = torch.maximum(torch.zeros_like(logp), old - logp).sum() / 4
+    assert_close(_grad(official, logp), torch.full((1, 4), -0.125))
+    assert_close(_grad((old - logp).clamp(min=0).sum() / 4, logp), torch.full((1, 4), -0.25))
+
+
 def test_p8_parte_ma_weight_scales_only_answer_span():
     # one response, one action, Delta [0.2, 0.2, 0.4, 0.4] (sum > 0). Answer span = last 2 tokens, beta = 0.5.
     # weighted = (0.2 + 0.2 + 0.5 * 0.4 + 0.5 * 0.4) / 4 = 0.8 / 4 = 0.2 ; unweighted = 1.2 / 4 = 0.3
@@ -352,7 +462,63 @@ def test_p8_parte_llds_ma_with_code_and_paper_beta(schedule, v, want):
     assert_close(_grad(loss, logp), -weight / 4)
 
 
+@pytest.mark.parametrize("schedule, v, lam, w, beta, answer_weight", [
+    # fixed (MASK_ADAPTIVE=false, MASK_ANS=true): the answer coefficient min(w, lambda), whatever V
+    ("fixed", 1.0, 0.2, 0.05, 0.25, 0.05),  # w = 0.05 (v1's probable setting): 0.05 / 0.2
+    ("fixed", 3.0, 0.2, 0.05, 0.25, 0.05),
+    ("fixed", 1.0, 0.2, 0.5, 1.0, 0.5),  # capped at lambda: min(0.5, 0.2) / 0.2
+    ("fixed", 1.0, 0.3, 0.2, 2 / 3, 0.2),  # lambda 0.3 (7B-Instruct) with the scripts' MASK_WEIGHT 0.2
+    # code (MASK_ADAPTIVE=true): min(w * max(V - 1, 0), lambda) / lambda; answer_weight is logged before the cap
+    ("code", 1.5, 0.3, 0.2, 1 / 3, 0.1),  # 0.2 * 0.5 = 0.1 -> 0.1 / 0.3
+    ("code", 3.0, 0.2, 0.2, 1.0, 0.4),  # 0.2 * 2 = 0.4 -> capped at 0.2
+    ("code", 0.5, 0.2, 0.2, 0.0, 0.0),
+    # paper: min(V / 2, 1), w unused; its answer coefficient is lambda * beta
+    ("paper", 1.0, 0.3, 0.05, 0.5, 0.15),
+])
+def test_ma_beta_fixed_and_code_schedules_with_mask_weight(schedule, v, lam, w, beta, answer_weight):
+    assert ma_beta(v, schedule, lam=lam, mask_weight=w) == pytest.approx(beta)
+    assert ma_answer_weight(v, schedule, lam=lam, mask_weight=w) == pytest.approx(answer_weight)
+    assert ma_beta(v, schedule, lam=0.0, mask_weight=w) == 1.0  # the term is off: llds/penalty unweighted
+
+
+@pytest.mark.parametrize("schedule", ["code", "fixed"])
+@pytest.mark.parametrize("v", [0.8, 1.25, 2.0, 2.7])
+@pytest.mark.parametrize("lam, w", [(0.2, 0.2), (0.2, 0.05), (0.3, 0.2), (0.1, 0.4)])
+def test_ma_weight_times_lambda_is_the_official_coefficient_map(schedule, v, lam, w):
+    # dp_actor.py:359-371, 395-396 written out: answer-span tokens get min(mask_weight, lambda), the others lambda,
+    # with mask_weight = w * max(V - 1, 0) (MASK_ADAPTIVE=true) or w; loss = masked_mean(valid * coeff). Ours, lambda *
+    # llds_loss(weight = 1 + (beta - 1) * answer_mask), must be the same number (departure 1), gate and all.
+    g = torch.Generator().manual_seed(13)
+    delta = 0.3 * torch.randn(3, 10, generator=g)
+    mask = torch.ones(3, 10)
+    mask[0, 4:6] = mask[2, 7:] = 0.0
+    answer = torch.zeros(3, 10)
+    answer[0, 7:] = answer[1, 6:] = 1.0
+    adv = torch.tensor([1.0, 0.0, -1.0])
+    logp, old = _from_delta(delta)
+    beta = ma_beta(v, schedule, lam=lam, mask_weight=w)
+    loss, _ = llds_loss(logp, old, adv, mask, weight=1.0 + (beta - 1.0) * answer)
+    mask_weight = w * max(v - 1.0, 0.0) if schedule == "code" else w
+    coeff = torch.where(answer.bool(), min(mask_weight, lam), lam)  # the code's answer_mask is 0 on the span
+    gate_tok = torch.zeros(3, 10)
+    keep = (adv >= 0).float()[:, None] * mask
+    for i in range(3):  # the action gate, as a loop
+        t = 0
+        while t < 10:
+            if keep[i, t]:
+                s = t
+                while t < 10 and keep[i, t]:
+                    t += 1
+                gate_tok[i, s:t] = float(delta[i, s:t].sum() > 0)
+            else:
+                t += 1
+    official = (gate_tok * delta.clamp(min=0) * coeff * mask).sum() / mask.sum()
+    assert official.item() > 0
+    assert_close(lam * loss, official)
+
+
 def test_ma_beta_unknown_schedule_raises():
+    assert sorted(MA_SCHEDULES) == ["code", "fixed", "paper"]  # train.py's --llds-ma choices come from this table
     with pytest.raises(ValueError):
         ma_beta(1.0, "linear")
 
@@ -374,12 +540,15 @@ def test_p14_llds_microbatch_invariance(gate, norm):
     assert g_full.abs().max() > 0
     num_tokens = mask.sum()  # mini-batch totals, computed before splitting
     num_pre = ((adv >= 0).float()[:, None] * mask).sum(-1).gt(0).sum()
-    total = torch.zeros_like(theta)
+    num_pre_tokens = ((adv >= 0).float()[:, None] * mask).sum()
+    total, active = torch.zeros_like(theta), 0.0
     for rows in (slice(0, 4), slice(4, 8)):
-        loss, _ = llds_loss(theta[rows] * 1.0, old[rows], adv[rows], mask[rows], gate=gate, norm=norm,
-                            num_tokens=num_tokens, num_pre=num_pre)
+        loss, m = llds_loss(theta[rows] * 1.0, old[rows], adv[rows], mask[rows], gate=gate, norm=norm,
+                            num_tokens=num_tokens, num_pre=num_pre, num_pre_tokens=num_pre_tokens)
         total += _grad(loss, theta)
+        active += m["llds/active_per_response"]  # normalised by the mini-batch's num_pre: the halves add up
     assert_close(total, g_full, rtol=0, atol=1e-6)
+    assert active == pytest.approx(llds_loss(theta, old, adv, mask, gate=gate)[1]["llds/active_per_response"])
     # without the mini-batch totals the two halves (47 vs 22 tokens) are normalised differently ("code")
     if norm == "code":
         naive = sum(_grad(llds_loss(theta[r] * 1.0, old[r], adv[r], mask[r], gate=gate)[0], theta) / 2
@@ -398,8 +567,30 @@ def test_unknown_gate_norm_or_shape_raises():
         llds_loss(x, x.detach(), adv, torch.ones(2, 5))
 
 
+def test_official_metrics_hand_computed():
+    # rows: A = [1, 0, -1]; loss_mask [[1,1,0,1], [1,1,1,0], [1,1,0,0]] -> 8 model tokens (the denominator of all four
+    # pos_/neg_ averages, dp_actor.py:418-426)
+    # pos_avg_old = (-1 - 2 - 3  -1 - 1 - 1) / 8 = -9/8 ; neg_avg_old = (-4 - 2) / 8 = -0.75 (sum = the token mean)
+    # ref = old - 0.5 -> pos = (-9 - 6 * 0.5) / 8 = -1.5 ; neg = (-6 - 2 * 0.5) / 8 = -7/8
+    # answer_mask [[0,0,0,1], [0,1,1,0], [0,0,0,0]]: per response 1, 2, 0 tokens -> answer_tokens 1.0, answer_frac 2/3
+    # answer-token probabilities exp(logp) = 0.25, 0.5, 0.125 -> mean 0.875 / 3, min 0.125
+    old = torch.tensor([[-1.0, -2, 9, -3], [-1, -1, -1, 9], [-4, -2, 9, 9]])
+    mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
+    answer = torch.tensor([[0.0, 0, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]])
+    logp = torch.log(torch.tensor([[0.9, 0.9, 0.9, 0.25], [0.9, 0.5, 0.125, 0.01], [0.9, 0.9, 0.9, 0.9]]))
+    m = official_metrics(old, logp, torch.tensor([1.0, 0.0, -1.0]), mask, answer, ref_logp=old - 0.5)
+    assert m["llds/pos_avg_old_logp"] == pytest.approx(-9 / 8) and m["llds/neg_avg_old_logp"] == pytest.approx(-0.75)
+    assert m["llds/pos_avg_ref_logp"] == pytest.approx(-1.5) and m["llds/neg_avg_ref_logp"] == pytest.approx(-7 / 8)
+    assert m["llds/answer_tokens"] == pytest.approx(1.0) and m["llds/answer_frac"] == pytest.approx(2 / 3)
+    assert m["llds/answer_prob_mean"] == pytest.approx(0.875 / 3) and m["llds/answer_prob_min"] == pytest.approx(0.125)
+    # no answer span anywhere: 0.0, as the code logs (dp_actor.py:413-415); no reference: no ref_ keys
+    m = official_metrics(old, logp, torch.tensor([1.0, 0.0, -1.0]), mask, torch.zeros(3, 4))
+    assert m["llds/answer_prob_mean"] == 0.0 and m["llds/answer_prob_min"] == 0.0 and m["llds/answer_frac"] == 0.0
+    assert "llds/pos_avg_ref_logp" not in m
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# Diagnostics (SPEC part A Sec. 4) and the LLD alarm
+# Diagnostics (v2 Sec. 4-5, Figs. 2, 5) and the LLD alarm
 
 from llds import likelihood_diagnostics, lld_alarm  # noqa: E402
 

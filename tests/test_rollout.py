@@ -198,6 +198,7 @@ def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
         assert masked.startswith("\n\n<information>") and masked.endswith("</information>\n\n")
         assert tok.decode(e.response_ids[:z0]).endswith("</search>")
         assert e.num_searches == 1 and e.num_turns == 2 and e.num_valid_actions == 2 and e.done
+        assert e.num_valid_searches == 1
         assert e.text == tok.decode(e.response_ids)
     assert [e.answer for e in eps] == ["Paris"] * 3 + ["Berlin"] * 3
     assert [e.reward for e in eps] == [1.0] * 3 + [0.0] * 3
@@ -226,7 +227,7 @@ def test_p5_invalid_action_message_masked(tok, model):
         assert e.loss_mask == [1] * len(first) + [0] * len(inv) + [1] * len(ans)
         (z0, z1, _), = [s for s in spans(e.loss_mask) if s[2] == 0]
         assert tok.decode(e.response_ids[z0:z1]) == INVALID_ACTION
-        assert e.num_searches == 0 and e.num_turns == 2 and e.num_valid_actions == 1
+        assert e.num_searches == 0 and e.num_turns == 2 and e.num_valid_actions == 1 and e.num_valid_searches == 0
         assert e.reward == 1.0
     assert spy.calls == []
 
@@ -675,9 +676,40 @@ def test_max_turns_always_search(tok, model, max_turns):
     for e in eps:
         assert e.num_searches == max_turns and e.num_turns == max_turns + 1
         assert e.num_valid_actions == max_turns + 1
+        assert e.num_valid_searches == max_turns + 1  # the official count: the unexecuted final search too
         assert e.response_ids == (s + obs) * max_turns + s  # ends on the unexecuted search, no observation
         assert e.loss_mask[-len(s):] == [1] * len(s)
         assert e.answer is None and e.reward == 0.0 and e.done
+
+
+def test_valid_search_count_includes_the_final_turns_search_and_sets_the_ma_beta(tok, model):
+    """LLDS-MA's V is the official valid-search count (generation.py:295 and :338 add is_search in the search turns
+    and in the final answer-only turn, where execute_predictions sets it for a <search> it does not run, :515-520;
+    dp_actor.py:275-277 averages it). A trajectory that searches in its only search turn and again in the final turn
+    has V = 2, executed searches 1: the "code" schedule gives beta = clip(V - 1, 0, 1) = 1 for a batch of it, where the
+    executed count gives 0 and switches the answer span off."""
+    import train
+
+    s = enc(tok, "<search> Paris </search>")
+    pre, ans = enc(tok, "<think> ok </think>\n"), enc(tok, "<answer> Paris </answer>")
+    spy = FakeRetriever()
+    eps, _ = run(model, tok, {Q1: [s, s], Q2: [s, pre + ans]}, {Q1: ["Paris"], Q2: ["Paris"]}, spy, max_turns=1)
+    e1, e2 = eps
+    assert spy.calls == [(["Paris", "Paris"], 3)]  # only the first turn's searches run
+    assert (e1.num_searches, e1.num_valid_searches) == (1, 2)  # the final turn's <search> counted, not executed
+    assert (e2.num_searches, e2.num_valid_searches) == (1, 1)  # search, then an answer
+    args = train.parse_args(["--llds-ma", "code", "--llds", "0.2", "--llds-ma-weight", "0.2"])
+    batch = train.collate([e1], tok.pad_token_id)
+    weight, m = train.llds_ma_weight([e1], batch["answer_mask"], args)
+    assert m["llds/ma_beta"] == 1.0 and m["llds/answer_weight"] == pytest.approx(0.2)  # executed count: beta 0
+    # both trajectories: V = (2 + 1) / 2 = 1.5 -> beta 0.5 on e2's answer span (the executed count, 1.0, gives 0)
+    batch = train.collate(eps, tok.pad_token_id)
+    weight, m = train.llds_ma_weight(eps, batch["answer_mask"], args)
+    assert m["llds/ma_beta"] == pytest.approx(0.5)
+    span = batch["answer_mask"] > 0
+    assert span[1].sum() == len(ans) and not span[0].any()
+    assert (weight[span] == 0.5).all() and (weight[~span] == 1.0).all()
+    assert train.llds_ma_weight(eps, batch["answer_mask"], train.parse_args([]))[0] is None  # --llds-ma off
 
 
 # ----------------------------------------------------------------------------------------------------------------------
