@@ -39,6 +39,7 @@ from retriever import make_retriever, read_jsonl
 from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
+EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
 BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev", "2wikimultihopqa": "dev",
               "musique": "dev", "bamboogle": "test"}  # config -> split: test, else dev (the dataset card's splits)
 ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
@@ -68,6 +69,64 @@ PAPER = {
     "7B-Base +LLDS": "0.512 0.672 0.480 0.555 0.486 0.469 0.232 0.508 0.424 0.480",
     "7B-Ins Search-R1-GRPO": "0.429 0.623 0.427 0.493 0.386 0.346 0.162 0.400 0.324 0.396",
     "7B-Ins +LLDS (λ=0.3)": "0.518 0.676 0.486 0.560 0.492 0.490 0.228 0.492 0.426 0.483",
+    # Table 3 (v2 App. B.4.1): gate variants and NQ-only training; its NQ+Hotpot GRPO and action rows repeat Table 1's
+    "3B-Base NQ-only: Search-R1-GRPO": "0.440 0.582 0.413 0.478 0.265 0.244 0.061 0.113 0.171 0.303",
+    "3B-Base NQ-only: +LLDS (token)": "0.462 0.609 0.464 0.512 0.286 0.248 0.063 0.113 0.178 0.321",
+    "3B-Base NQ-only: +LLDS (response)": "0.478 0.605 0.449 0.511 0.288 0.250 0.062 0.129 0.182 0.323",
+    "3B-Base NQ-only: +LLDS (action)": "0.491 0.615 0.450 0.519 0.306 0.275 0.067 0.121 0.192 0.332",
+    "3B-Base NQ+Hotpot: +LLDS (response)": "0.480 0.631 0.455 0.522 0.352 0.311 0.087 0.153 0.226 0.353",
+    "3B-Ins NQ-only: +LLDS (token)": "0.469 0.609 0.457 0.512 0.291 0.250 0.057 0.097 0.174 0.319",
+    "3B-Ins NQ-only: +LLDS (response)": "0.490 0.610 0.450 0.517 0.294 0.193 0.074 0.121 0.171 0.319",
+    "3B-Ins NQ-only: +LLDS (action)": "0.485 0.614 0.455 0.517 0.299 0.266 0.062 0.129 0.189 0.330",
+    "3B-Ins NQ+Hotpot: +LLDS (response)": "0.462 0.622 0.460 0.515 0.432 0.383 0.180 0.395 0.347 0.419",
+    "3B-Ins GSPO +LLDS (response)": "0.484 0.637 0.475 0.532 0.452 0.448 0.212 0.387 0.375 0.442",
+    # Table 4 (v2 App. B.4.3): Llama3.2-3B-Base
+    "Llama3.2-3B-Base GRPO": "0.233 0.461 0.220 0.305 0.196 0.232 0.044 0.097 0.142 0.212",
+    "Llama3.2-3B-Base GRPO-LLDS": "0.486 0.643 0.467 0.532 0.366 0.298 0.113 0.242 0.255 0.374",
+    "Llama3.2-3B-Base GRPO-LLDS-MA": "0.493 0.640 0.480 0.538 0.449 0.462 0.164 0.298 0.343 0.427",
+}
+
+# The train.py settings of each LLDS-related row of Tables 1-4: the authors' train_grpo_nqhot.sh (lambda
+# NO_REDUCE_LAMBDA 0.2, action gate ISCHUNK=true, USE_GSPO, MASK_ANS/MASK_ADAPTIVE with MASK_WEIGHT 0.2) and v2 App.
+# B.2.1 / B.4 (lambda 0.3 for 7B-Instruct; NQ-only and gate ablations; Llama). Everything else is train.py's defaults
+# (the paper's: 512 x 5, lr 1e-6, max_turns 3, ...); README.md's "Reproducing the paper" table holds the commands and
+# tests/test_evaluate.py checks that each parses to its row here. The paper's GRPO rows marked ♢ are Search-R1's
+# reported numbers: the recipe is plain GRPO in this code (--llds 0).
+NQ_HOTPOT, NQ_ONLY = "PeterJinGo/nq_hotpotqa_train", "RUC-NLPIR/FlashRAG_datasets:nq"
+MODELS = {"3B-Base": "Qwen/Qwen2.5-3B", "3B-Ins": "Qwen/Qwen2.5-3B-Instruct", "7B-Base": "Qwen/Qwen2.5-7B",
+          "7B-Ins": "Qwen/Qwen2.5-7B-Instruct", "Llama3.2-3B-Base": "meta-llama/Llama-3.2-3B"}
+
+
+def recipe(model: str, llds=0.2, gate="action", ma="off", loss="ppo-clip", data=NQ_HOTPOT) -> dict:
+    return {"model": MODELS[model], "train_data": data, "llds": llds, "llds_gate": gate, "llds_ma": ma,
+            "llds_ma_weight": 0.2, "policy_loss": loss}
+
+
+RECIPES = {
+    "3B-Base Search-R1-GRPO": recipe("3B-Base", llds=0.0),
+    "3B-Base +LLDS": recipe("3B-Base"),
+    "3B-Base +LLDS-MA": recipe("3B-Base", ma="code"),  # adaptive answer weight (MASK_ADAPTIVE=true)
+    "3B-Ins Search-R1-GRPO": recipe("3B-Ins", llds=0.0),
+    "3B-Ins +LLDS": recipe("3B-Ins"),
+    "3B-Ins Search-R1-GSPO": recipe("3B-Ins", llds=0.0, loss="gspo"),
+    "3B-Ins GSPO +LLDS": recipe("3B-Ins", loss="gspo"),
+    "7B-Base Search-R1-GRPO": recipe("7B-Base", llds=0.0),
+    "7B-Base +LLDS": recipe("7B-Base"),
+    "7B-Ins Search-R1-GRPO": recipe("7B-Ins", llds=0.0),
+    "7B-Ins +LLDS (λ=0.3)": recipe("7B-Ins", llds=0.3),
+    "3B-Base NQ-only: Search-R1-GRPO": recipe("3B-Base", llds=0.0, data=NQ_ONLY),
+    "3B-Base NQ-only: +LLDS (token)": recipe("3B-Base", gate="token", data=NQ_ONLY),
+    "3B-Base NQ-only: +LLDS (response)": recipe("3B-Base", gate="response", data=NQ_ONLY),
+    "3B-Base NQ-only: +LLDS (action)": recipe("3B-Base", data=NQ_ONLY),
+    "3B-Base NQ+Hotpot: +LLDS (response)": recipe("3B-Base", gate="response"),
+    "3B-Ins NQ-only: +LLDS (token)": recipe("3B-Ins", gate="token", data=NQ_ONLY),
+    "3B-Ins NQ-only: +LLDS (response)": recipe("3B-Ins", gate="response", data=NQ_ONLY),
+    "3B-Ins NQ-only: +LLDS (action)": recipe("3B-Ins", data=NQ_ONLY),
+    "3B-Ins NQ+Hotpot: +LLDS (response)": recipe("3B-Ins", gate="response"),
+    "3B-Ins GSPO +LLDS (response)": recipe("3B-Ins", gate="response", loss="gspo"),
+    "Llama3.2-3B-Base GRPO": recipe("Llama3.2-3B-Base", llds=0.0),
+    "Llama3.2-3B-Base GRPO-LLDS": recipe("Llama3.2-3B-Base"),
+    "Llama3.2-3B-Base GRPO-LLDS-MA": recipe("Llama3.2-3B-Base", ma="code"),
 }
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -210,9 +269,27 @@ def paper_row(label: str) -> list[float | None]:
     return [None if v in "-–" else float(v) for v in PAPER[label].split()]
 
 
+def recipe_row(model_path) -> tuple[str | None, Path | None]:
+    """(the paper row, the args.json it came from) for a checkpoint of a train.py run: the RECIPES row whose settings all
+    equal the run's saved args (a run folder, or checkpoints/step_N inside one). (None, file) when none matches,
+    (None, None) when there is no args.json (e.g. a hub id)."""
+    path = Path(model_path)
+    for folder in (path, path.parent.parent):
+        file = folder / "args.json"
+        if file.is_file():
+            try:
+                saved = json.loads(file.read_text(encoding="utf-8"))
+            except ValueError:
+                return None, file
+            row = next((label for label, r in RECIPES.items() if all(saved.get(k) == v for k, v in r.items())), None)
+            return row, file
+    return None, None
+
+
 def compare_lines(table: dict, which: str = "") -> list[str]:
-    """Our EM beside the paper's rows whose label contains `which` (all if ""), in the paper's column order. Our Gen /
-    MH / Avg are means over the paper's sources we ran; a '*' marks one that misses some of them."""
+    """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if ""), in the paper's
+    column order. Our Gen / MH / Avg are means over the paper's sources we ran; a '*' marks one that misses some of
+    them."""
     em = {c: table[c]["em"] for c in GEN + MH if "em" in table.get(c, {})}
 
     def mean(cols):  # (value, partial)
@@ -220,9 +297,11 @@ def compare_lines(table: dict, which: str = "") -> list[str]:
         return (sum(vals) / len(vals), len(vals) < len(cols)) if vals else (None, False)
 
     ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH), "Avg": mean(GEN + MH)}
-    lines = [f"{'EM':<24}" + "".join(f"{c:>9}" for c in COLUMNS)]
-    lines += [f"{k:<24}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in PAPER if which.lower() in k.lower()]
-    lines.append(f"{'ours':<24}" + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS)))
+    rows = [which] if which in PAPER else [k for k in PAPER if which.lower() in k.lower()]
+    w = max([24, *(len(k) + 1 for k in rows)])  # the label column
+    lines = [f"{'EM':<{w}}" + "".join(f"{c:>9}" for c in COLUMNS)]
+    lines += [f"{k:<{w}}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in rows]
+    lines.append(f"{'ours':<{w}}" + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS)))
     if any(partial for _, partial in ours.values()):
         lines.append("* ours: mean over the sources we ran only (the paper's covers all of them)")
     return lines
@@ -264,13 +343,14 @@ def main(argv=None):
     ap.add_argument("--benchmarks", default="", help=f"'all' or a comma list of {', '.join(BENCHMARKS)} ({FLASHRAG})")
     ap.add_argument("--split", default="test", help="split for hub ids given with --data")
     ap.add_argument("--compare-paper", nargs="?", const="", default=None, metavar="ROWS",
-                    help="print the paper's EM rows (label containing ROWS, e.g. 3B-Ins; all if empty) beside ours")
+                    help="print the paper's EM rows beside ours: those whose label contains ROWS (e.g. 3B-Ins); without "
+                    "ROWS, the row whose recipe the checkpoint's run used (its args.json), else all")
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
     ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
     ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
-    ap.add_argument("--max-turns", type=int, default=4, help="search budget (the paper evaluates with 4)")
+    ap.add_argument("--max-turns", type=int, default=EVAL_MAX_TURNS, help="search budget (the paper evaluates with 4)")
     ap.add_argument("--max-new-tokens", type=int, default=500, help="tokens per generation turn")
     ap.add_argument("--max-obs-tokens", type=int, default=500, help="tokens per <information> block")
     ap.add_argument("--topk", type=int, default=3, help="passages per search")
@@ -324,7 +404,12 @@ def main(argv=None):
     print("\n" + "\n".join(table_lines(table, args.topk)))
     print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, {time.time() - t0:.0f}s)")
     if args.compare_paper is not None:
-        print("\n" + "\n".join(compare_lines(table, args.compare_paper)))
+        which = args.compare_paper
+        if not which:  # the row this checkpoint's run reproduces, from its args.json
+            row, file = recipe_row(args.model)
+            print(f"\npaper row of {file}: {row}" if row else f"\n{file or args.model}: no recipe row matches; all rows")
+            which = row or ""
+        print("\n" + "\n".join(compare_lines(table, which)))
 
     try:
         atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,

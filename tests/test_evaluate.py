@@ -152,8 +152,59 @@ def test_paper_rows_are_copied_exactly_from_spec():
         size = re.match(r"(3B|7B) ", label)  # "3B Tree-GRPO" is Table 1's "Tree-GRPO", "7B Tree-GRPO" Table 2's
         if size:
             assert spec[label[3:]][["3B", "7B"].index(size.group(1))] == numbers, label
-        else:
-            assert numbers in spec[label], label
+        else:  # Table 4's rows are labelled by the method only ("GRPO-LLDS")
+            assert numbers in spec[label.removeprefix("Llama3.2-3B-Base ")], label
+
+
+def readme_recipes() -> tuple[list[str], dict]:
+    """README's "Reproducing the paper's rows": the common command's train.py arguments, and {row: flags}."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Reproducing the paper's rows", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    common = re.search(r"```bash\n(torchrun .*?)\n```", section).group(1).split()
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| (.+?) \| (\d) \| `(.+)` \|$", line)
+        if m:
+            assert m.group(1) not in rows, m.group(1)
+            rows[m.group(1)] = m.group(3).split()
+    return common[common.index("train.py") + 1:], rows
+
+
+def test_every_recipe_command_parses_to_its_rows_settings():
+    """Each row's command, parsed by train.py's parser, holds exactly the row's settings (model, training data, lambda,
+    gate, MA schedule and weight, policy loss), and trains with max_turns 3 (evaluation uses 4); every LLDS-related row
+    of Tables 1-4 has one, and each has the paper's numbers."""
+    from train import parse_args
+
+    common, rows = readme_recipes()
+    assert list(rows) == list(E.RECIPES) and set(E.RECIPES) <= set(E.PAPER)
+    assert "--fsdp" in common and "--retriever-url" in common
+    for label, flags in rows.items():
+        args = vars(parse_args(common + flags))
+        assert {k: args[k] for k in E.RECIPES[label]} == E.RECIPES[label], label
+        assert args["max_turns"] == 3 and args["group_size"] == 5 and args["prompts_per_step"] == 512, label
+    assert {r["llds"] for r in E.RECIPES.values()} == {0.0, 0.2, 0.3}
+    assert E.RECIPES["7B-Ins +LLDS (λ=0.3)"]["llds"] == 0.3 and E.RECIPES["3B-Ins GSPO +LLDS"]["policy_loss"] == "gspo"
+    assert E.EVAL_MAX_TURNS == 4  # evaluate.py's default search budget, the paper's
+
+
+def test_compare_paper_picks_the_row_from_the_runs_args(tmp_path):
+    """A checkpoint of a run started with a recipe's command: recipe_row finds that row from the run's args.json (from
+    the run folder or from checkpoints/step_N), and no row for other settings or without args.json."""
+    from train import parse_args
+
+    common, rows = readme_recipes()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000650").mkdir(parents=True)
+    for label in ("3B-Ins +LLDS", "3B-Base +LLDS-MA", "3B-Ins GSPO +LLDS (response)", "7B-Ins +LLDS (λ=0.3)"):
+        (run / "args.json").write_text(json.dumps(vars(parse_args(common + rows[label] + ["--steps", "650"]))))
+        assert E.recipe_row(run) == (label, run / "args.json")
+        assert E.recipe_row(run / "checkpoints" / "step_000650") == (label, run / "args.json")
+    (run / "args.json").write_text(json.dumps(vars(parse_args(common + rows["3B-Ins +LLDS"] + ["--llds", "0.1"]))))
+    assert E.recipe_row(run) == (None, run / "args.json")
+    assert E.recipe_row("Qwen/Qwen2.5-3B") == (None, None)
+    lines = E.compare_lines(E.score_table([{"data_source": "nq", "em": 0.5}]), "3B-Base +LLDS")
+    assert [line.split("  ")[0] for line in lines[1:-2]] == ["3B-Base +LLDS"]  # the exact row, not also +LLDS-MA
 
 
 def test_compare_lines_puts_our_row_under_the_papers():
