@@ -96,6 +96,7 @@ SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many p
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
 DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes
+CACHE_ABOVE = 1_000  # from_jsonl caches the sparse indexes of corpora above this many passages (smaller: built in < 1 s)
 INDEX_VERSION = 2  # part of the cache key: bump it when SparseBM25's arrays change meaning
 # `serve`: the listen() backlog, i.e. connections the kernel queues until a server thread accepts them. Python's
 # socketserver default of 5 overflows under a burst (1,000 concurrent requests: 65-90% of them reset or dropped, issue
@@ -488,15 +489,15 @@ class BM25Retriever:
     @classmethod
     def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto", cache_dir=CACHE_DIR,
                    bm25: str = "lucene", analyzer: str | None = None) -> "BM25Retriever":
-        """Build the index from a jsonl corpus file (errors as `load_corpus` and __init__). A sparse index is read
-        from, or written to, `cache_dir` (None: no cache), so the second run over the corpus skips indexing
-        (`index_cache_file`: one file per corpus, variant and analyzer)."""
+        """Build the index from a jsonl corpus file (errors as `load_corpus` and __init__). The sparse index of a
+        corpus of more than CACHE_ABOVE passages is read from, or written to, `cache_dir` (None: no cache), so the
+        second run over the corpus skips indexing (`index_cache_file`: one file per corpus, variant and analyzer)."""
         corpus = load_corpus(path)
         if bm25 not in BM25_VARIANTS:  # checked before the cache key is made (the first check of __init__)
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
         analyzer = DEFAULT_ANALYZER[bm25] if analyzer is None else analyzer
         sparse = engine == "sparse" or (engine == "auto" and (bm25 != "okapi" or len(corpus) > SPARSE_ABOVE))
-        if cache_dir is None or not sparse or analyzer not in ANALYZERS:
+        if cache_dir is None or not sparse or len(corpus) <= CACHE_ABOVE or analyzer not in ANALYZERS:
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
         file = index_cache_file(path, k1, b, cache_dir, bm25, analyzer)
         try:

@@ -25,6 +25,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import retriever as retriever_module  # noqa: E402
+
 from retriever import (  # noqa: E402
     BM25_VARIANTS, DEFAULT_ANALYZER, DEMO_CORPUS, LUCENE_STOP_WORDS, BM25Retriever, RemoteRetriever, SparseBM25,
     english_analyze, format_passages, index_cache_file, java_lower, load_corpus, lucene_doc_length, make_retriever,
@@ -826,8 +828,22 @@ def test_lucene_itself_on_the_real_corpus(tmp_path, real_lucene):
 # --- the on-disk index cache -----------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def cache_small(monkeypatch):
+    """Cache the indexes of corpora of any size (the default caches only above CACHE_ABOVE passages)."""
+    monkeypatch.setattr(retriever_module, "CACHE_ABOVE", 0)
+
+
+def test_small_corpora_are_not_cached(tmp_path):
+    """Toy and test corpora build in milliseconds: no index file is written for them (none piles up in ~/.cache)."""
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    for variant in BM25_VARIANTS:
+        BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=tmp_path / "cache", bm25=variant)
+    assert len(TOY) <= retriever_module.CACHE_ABOVE and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("variant", BM25_VARIANTS)
-def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant):
+def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant, cache_small):
     path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
     first = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)  # miss: built, written
     files = list(cache.glob("*.npz"))
@@ -857,7 +873,7 @@ def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant):
     assert (tmp_path / "auto").exists() == (variant == "lucene")  # okapi runs rank_bm25, uncached; lucene is sparse
 
 
-def test_index_cache_keeps_one_index_per_variant_and_analyzer(tmp_path, monkeypatch):
+def test_index_cache_keeps_one_index_per_variant_and_analyzer(tmp_path, monkeypatch, cache_small):
     """The key holds the variant and the analyzer: each combination gets its own file, none evicts another, and each
     is read back as itself."""
     path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in LUCENE_TOY]), tmp_path / "cache"
@@ -875,7 +891,7 @@ def test_index_cache_keeps_one_index_per_variant_and_analyzer(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "bit flip"])
-def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damage):
+def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damage, cache_small):
     """A cache file cut short by a killed run or a full disk (zipfile.BadZipFile), emptied (EOFError) or with a flipped
     bit (the zip's CRC: BadZipFile) is rebuilt with a one-line warning, and the rebuilt file is then read back."""
     path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
@@ -1106,3 +1122,38 @@ def test_serve_cli_bad_corpus_is_one_line():
     out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", "/nope.jsonl", "--backlog", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--backlog must be >= 1, got 0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bm25_flag_in_every_entry_point(tmp_path):
+    """--bm25 in retriever.py (demo, search, serve), train.py and evaluate.py: a bad value is one line naming the flag
+    and the choices; both variants run, and `serve --bm25 okapi` answers as BM25Retriever(bm25="okapi") does."""
+    def cli(*args):
+        return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    for args in (["retriever.py", "--bm25", "bm26"], ["retriever.py", "serve", "--corpus", "c", "--bm25", "bm26"],
+                 ["evaluate.py", "--model", "m", "--bm25", "bm26"]):
+        out = cli(*args)
+        assert out.returncode == 2 and re.search(r"argument --bm25: invalid choice: .bm26.", out.stderr), out.stderr
+        assert "lucene" in out.stderr and "okapi" in out.stderr and "Traceback" not in out.stderr
+    out = cli("train.py", "--bm25", "bm26")
+    assert out.returncode == 2 and "--bm25 must be one of ('lucene', 'okapi'), got 'bm26'" in out.stderr, out.stderr
+    out = cli("retriever.py", "--engine", "rank_bm25")  # rank-bm25 has no Lucene scoring
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "error: engine 'rank_bm25' scores only --bm25 okapi (rank-bm25 has no Lucene BM25); use engine 'sparse' or "
+        "'auto' for --bm25 lucene"]
+    assert "\n0 0.9449\n1 0.4724\n2 0.4357\n" in cli("retriever.py").stdout  # the demo's comments, both variants
+    assert "\n0 1.0247\n1 0.6832\n2 0.3251\n" in cli("retriever.py", "--bm25", "okapi").stdout
+
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", str(path), "--port", "0", "--bm25",
+                               "okapi", "--engine", "rank_bm25"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving 7 passages (BM25 okapi, words analyzer, rank_bm25 engine) at "), line
+        queries = ["France capital city", "Paris Paris", "is the a"]
+        expected = BM25Retriever(TOY, bm25="okapi").search(queries, 5)
+        assert RemoteRetriever(line.split(" at ")[-1].strip()).search(queries, 5) == expected
+        assert expected != BM25Retriever(TOY).search(queries, 5)  # the flag did reach the server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
