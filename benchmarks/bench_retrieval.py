@@ -20,8 +20,9 @@ analyzer). Larger corpora repeat the real 13,823 passages (ids renumbered), so e
 duplicates: ties are broken by passage order, which the check covers too. Not a test: nothing is asserted on time.
 Also prints retrieval's share of a CPU training step (--metrics).
 
-    python benchmarks/bench_retrieval.py                 # recall, then 10K, 13,823 (real), 100K, 1M: ~20 min
-    python benchmarks/bench_retrieval.py --part recall   # the quality table alone: ~1 min
+    python benchmarks/bench_retrieval.py                 # recall, then 10K, 13,823 (real), 100K, 1M: ~30 min
+    python benchmarks/bench_retrieval.py --part recall   # the quality table alone: ~30 s
+    python benchmarks/bench_retrieval.py --part speed --sizes 10000 13823 100000           # ~10 min
     python benchmarks/bench_retrieval.py --part speed --sizes 10000 100000 --queries 100
 """
 
