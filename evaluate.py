@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from checkpoint import atomic_write
 from policy import load_policy
-from retriever import make_retriever, read_jsonl
+from retriever import BM25_VARIANTS, make_retriever, read_jsonl
 from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
@@ -348,6 +348,9 @@ def main(argv=None):
     ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
     ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
+    ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="in-process BM25 scoring: lucene "
+                    "(Lucene's BM25 and English analyzer, as pyserini) or okapi (rank-bm25, \\w+ words); a "
+                    "--retriever-url server scores as started (retriever.py serve --bm25)")
     ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     ap.add_argument("--max-turns", type=int, default=EVAL_MAX_TURNS, help="search budget (the paper evaluates with 4)")
@@ -386,7 +389,7 @@ def main(argv=None):
             why = f"{err.filename} is not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
                 else f"{err.strerror}: {err.filename}"
             raise ValueError(f"--out {out}: cannot write there ({why})") from None
-        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
     except (OSError, ValueError) as err:

@@ -13,35 +13,61 @@ What it matches in Search-R1:
     one line per passage, "Doc {i}(Title: {first line}) {other lines}" (no space before "(Title:"); see
     `format_passages`.
 
+Scoring (`--bm25`, SparseBM25 has the formulas):
+  * "lucene" (default): what Search-R1's BM25 baseline runs, pyserini's LuceneSearcher over wiki-18 with Anserini's
+    defaults: Lucene's BM25Similarity (idf ln(1 + (N - df + 0.5) / (df + 0.5)), k1=0.9, b=0.4, no (k1 + 1) factor, in
+    float32) over Lucene's English analysis (UAX #29 words, possessive 's removed, lower-cased, 33 stop words, Porter
+    stems; `english_analyze`), a repeated query word weighted by its count (Anserini's bag-of-words query). Matched:
+    the float32 arithmetic step by step, the passage length as Lucene stores it, in one byte (SmallFloat: exact below
+    40 tokens, 4 significant bits above; `lucene_doc_length`), N counting only passages with a word (Lucene's
+    docCount), Java's letter-by-letter lower-casing, the 255-character word limit, ties by passage order (Lucene's doc
+    id). Checked against Lucene 8.7 itself (tests/test_retriever.py, test_lucene_itself_*): on our QA bundle (13,823
+    passages and 3,865 questions) our analyzer gives Lucene's words for all but 7 texts (20 of 886,928 words, the
+    ♭ ♮ ♯ of departure 1); fed Lucene's words, our scoring gives Lucene's top-10 bitwise (ids and float32 scores) for
+    every question; end to end, every question's top-3 ids are Lucene's, with scores off by a median 3e-6 (relative;
+    those 20 words shift avgdl), up to 2% for the few passages that hold them. Not matched: departure 1.
+  * "okapi": rank-bm25's BM25Okapi (ATIRE idf ln((N - df + 0.5) / (df + 0.5)), negative idfs floored at 0.25 * mean
+    idf, (k1 + 1) factor) over lower-cased \\w+ words, bitwise rank-bm25's floats: this project's scoring up to issue
+    12. On the bundle's 877 questions it finds fewer supporting passages in the top 3 (benchmarks/bench_retrieval.py).
+
 Departures from Search-R1 (numbered; NOTE(departure) marks the lines):
-  1. Scoring is rank-bm25's BM25Okapi (ATIRE idf ln((N-n+0.5)/(n+0.5)), negative idfs floored at 0.25 * mean idf) with
-     lower-cased \\w+ tokens, instead of pyserini/Lucene (Porter stemming, stop words, idf ln(1 + ...)). Same k1=0.9,
-     b=0.4 as Anserini's defaults, but scores and rankings are not Lucene's. Repeated query words count repeatedly.
+  1. "lucene" splits words by the regex module's Unicode tables (UAX #29), Lucene by those its StandardTokenizer was
+     generated from (older ones; pyserini's Lucene 9 has others again): alone between spaces, 30,115 of the 1,112,064
+     code points are treated differently by Lucene 8.7, mostly letters encoded since and symbols reclassified since;
+     in the QA bundle, only the music signs ♭ ♮ ♯ (Lucene 8.7 makes words of them, we drop them). Flag and keycap emoji
+     sequences are not words here; words over 255 characters are cut by code points, not UTF-16 units. Java's Math.log
+     may differ from C's log in the last bit of a float64, which the float32 idf then hides almost always. Ties are
+     broken by passage order, Anserini's by the passage id string. "okapi" is not Lucene at all (no stemming, no stop
+     words, another idf): the project's scoring before issue 12.
   2. (PITFALLS P23) results and scores are always aligned and len <= topk: each hit carries its own score. Search-R1's
      BM25 path reads the scores before cutting the hit list to `num`, so the two lists can differ in length, and its
      server crashes on `return_scores=false` (ours returns the documents).
-  3. Only hits with score > 0 are returned, so passages with no query word never are (nor, in a toy corpus whose mean
-     idf is <= 0, passages matching only floored words): a query of unknown words, an empty or a whitespace-only query
-     gives [], and a query matching fewer than `topk` passages gives fewer hits, silently (Search-R1 warns "Not enough
-     documents retrieved!"). topk < 1 is an error, not an empty list.
-  4. In-process and exact, with two engines giving bitwise the same scores: "rank_bm25" (the reference, default up to
-     SPARSE_ABOVE passages) scores every passage word by word; "sparse" (`SparseBM25`, default above) adds up only the
-     posting lists of the query's words in a term-document matrix, >100x faster from 1e4 passages, and caches its index
-     on disk. Ties are broken by passage order. wiki-18 (21M passages) still calls for Search-R1's own server.
+  3. Only hits with score > 0 are returned, so passages with no query word never are (nor, with okapi in a toy corpus
+     whose mean idf is <= 0, passages matching only floored words): a query of unknown words, an empty, a
+     whitespace-only or (lucene) a stop-word-only query gives [], and a query matching fewer than `topk` passages gives
+     fewer hits, silently (Search-R1 warns "Not enough documents retrieved!"). topk < 1 is an error, not an empty
+     list. Ties are broken by passage order.
+  4. In-process and exact. okapi has two engines giving bitwise the same scores: "rank_bm25" (the reference, default
+     up to SPARSE_ABOVE passages) scores every passage word by word; "sparse" (`SparseBM25`, default above) adds up
+     only the posting lists of the query's words in a term-document matrix, >100x faster from 1e4 passages. lucene
+     always runs on "sparse" (rank-bm25 has no Lucene BM25). The sparse index is cached on disk, per corpus file,
+     variant and analyzer. wiki-18 (21M passages) still calls for Search-R1's own server.
 
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
 
 Run (CORPUS.jsonl: your corpus, rows as above):
   python retriever.py                                                  # demo on a built-in 5-passage corpus
-  python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3]
-  python retriever.py serve --corpus CORPUS.jsonl --port 8000           # Search-R1's /retrieve API
+  python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] [--bm25 okapi]
+  python retriever.py serve --corpus CORPUS.jsonl --port 8000 [--bm25 okapi]  # Search-R1's /retrieve API
   python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
 """
 
 import argparse
 import codecs
+import functools
 import hashlib
 import http.client
+import importlib.metadata
 import json
 import math
 import os
@@ -49,6 +75,7 @@ import pickle
 import re
 import sys
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -59,14 +86,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+import regex
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
 # -----------------------------------------------------------------------------
 
 SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
+BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
+DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes
-INDEX_VERSION = 1  # part of the cache key: bump it when SparseBM25's arrays change meaning
+CACHE_ABOVE = 1_000  # from_jsonl caches the sparse indexes of corpora above this many passages (smaller: built in < 1 s)
+INDEX_VERSION = 2  # part of the cache key: bump it when SparseBM25's arrays change meaning
 # `serve`: the listen() backlog, i.e. connections the kernel queues until a server thread accepts them. Python's
 # socketserver default of 5 overflows under a burst (1,000 concurrent requests: 65-90% of them reset or dropped, issue
 # 11); 1,024 gave no error. Linux silently caps it at net.core.somaxconn (4,096 since kernel 5.4).
@@ -86,8 +117,77 @@ DEMO_CORPUS = [
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased \\w+ words, no stemming and no stop words: "Who founded X-Men?" -> ["who", "founded", "x", "men"]."""
+    """The "words" analyzer: lower-cased \\w+ words, no stemming, no stop words (rank-bm25 users' usual split, our
+    `--bm25 okapi`): "Who founded X-Men's?" -> ["who", "founded", "x", "men", "s"]."""
     return re.findall(r"\w+", text.lower())
+
+
+# --- Lucene's English analyzer (`--bm25 lucene`), as pyserini indexes and searches wiki-18 ----------------------------
+# Anserini's DefaultEnglishAnalyzer (pyserini's default), the same chain as Lucene's EnglishAnalyzer: StandardTokenizer
+# -> EnglishPossessiveFilter -> LowerCaseFilter -> StopFilter(English stop words) -> PorterStemFilter.
+
+# StandardTokenizer: the words of Unicode's default word segmentation (UAX #29), as the `regex` module draws its word
+# boundaries (WORD flag), plus runs of Thai/Lao/Khmer/Myanmar letters (UAX #29 leaves those to a dictionary; Lucene
+# keeps each run whole). A segment is a token when it holds a letter, a digit, a kana/ideograph or a pictograph;
+# spaces and punctuation are dropped. So "O'Neil's U.S. 3.14 e-mail" -> ["O'Neil's", "U.S", "3.14", "e", "mail"].
+# NOTE(departure 1): the regex module's Unicode tables, not those Lucene's tokenizer was generated from.
+_SEGMENT = regex.compile(r"\p{Line_Break=Complex_Context}+|\b.+?\b", flags=regex.WORD | regex.V1 | regex.DOTALL)
+_TOKEN_CHAR = regex.compile(r"[\p{Word_Break=ALetter}\p{Word_Break=Hebrew_Letter}\p{Word_Break=Numeric}"
+                            r"\p{Word_Break=Katakana}\p{Script=Han}\p{Script=Hiragana}\p{Extended_Pictographic}"
+                            r"\p{Line_Break=Complex_Context}]")
+MAX_TOKEN_CHARS = 255  # StandardTokenizer's default maxTokenLength: a longer word is cut into 255-character pieces
+# Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (Anserini's default stop words), 33 words.
+LUCENE_STOP_WORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their "
+                              "then there these they this to was will with".split())
+_POSSESSIVE = regex.compile(r"['\u2019\uFF07][sS]$")  # EnglishPossessiveFilter: a trailing 's, ’s or ＇s
+
+
+def standard_tokenize(text: str) -> list[str]:
+    """Lucene's StandardTokenizer (UAX #29 words, original case): "Paris's 1,000 U.S. e-mail" -> ["Paris's", "1,000",
+    "U.S", "e", "mail"]. Words longer than MAX_TOKEN_CHARS characters are cut into pieces of that length."""
+    out = []
+    for seg in _SEGMENT.findall(text):
+        if _TOKEN_CHAR.search(seg):
+            out.extend(seg[i:i + MAX_TOKEN_CHARS] for i in range(0, len(seg), MAX_TOKEN_CHARS))
+    return out
+
+
+def java_lower(word: str) -> str:
+    """Lower-case as Lucene's LowerCaseFilter does, one code point at a time (Java's Character.toLowerCase): unlike
+    str.lower(), "İ" -> "i" (not "i" + a combining dot) and a final "Σ" -> "σ" (not "ς")."""
+    low = word.lower()
+    if len(low) != len(word) or "ς" in low:  # the rare words where the two differ: redo them letter by letter
+        low = "".join(c.lower()[0] for c in word)
+    return low
+
+
+@functools.cache
+def _porter_stem():
+    """Porter's stemmer as Lucene's PorterStemmer has it: NLTK's MARTIN_EXTENSIONS mode, i.e. Martin Porter's own
+    reference implementation ("bli" -> "ble", "logi" -> "log", words of 1-2 letters kept), not the published algorithm
+    that snowballstemmer's "porter" follows (101 of the 71,690 words of our QA bundle would stem differently).
+    Imported on first use (importing nltk takes ~0.4 s)."""
+    from nltk.stem.porter import PorterStemmer
+
+    return functools.partial(PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS).stem, to_lowercase=False)
+
+
+@functools.lru_cache(maxsize=1 << 20)  # each distinct word is analyzed once: a dict look-up per token after that
+def _english_word(word: str) -> str | None:
+    """One StandardTokenizer word through the English filters: None for a stop word, else its stem."""
+    word = java_lower(_POSSESSIVE.sub("", word))  # EnglishPossessiveFilter, then LowerCaseFilter
+    return None if word in LUCENE_STOP_WORDS else _porter_stem()(word)
+
+
+def english_analyze(text: str) -> list[str]:
+    """The "english" analyzer: pyserini's analysis of wiki-18, i.e. Anserini's DefaultEnglishAnalyzer = Lucene's
+    EnglishAnalyzer. `standard_tokenize`, then drop a trailing possessive 's, lower-case (`java_lower`), drop
+    LUCENE_STOP_WORDS, Porter-stem (`_porter_stem`): "Who founded the X-Men's comics?" -> ["who", "found", "x", "men",
+    "comic"]. A text of stop words and punctuation gives []."""
+    return [w for w in map(_english_word, standard_tokenize(text)) if w is not None]
+
+
+ANALYZERS = {"english": english_analyze, "words": tokenize}  # analyzer name -> text -> [words]
 
 
 def read_jsonl(path, name=None):
@@ -161,27 +261,55 @@ def format_passages(hits: list[dict]) -> str:
 
 
 # -----------------------------------------------------------------------------
-# The sparse engine: rank-bm25's scores from posting lists, and its on-disk cache
+# The sparse engine: rank-bm25's or Lucene's scores from posting lists, and its on-disk cache
+
+
+def lucene_doc_length(n: int) -> int:
+    """The passage length (tokens) Lucene's BM25 sees: the length is stored in one byte per passage (SmallFloat's
+    intToByte4, decoded by byte4ToInt), exact below 40, then n - 24 rounded down to 4 significant bits: 41 -> 40,
+    100 -> 96, 1000 -> 984."""
+    if n < 24:  # SmallFloat's 24 "free values": small lengths are stored as they are
+        return n
+    x = n - 24
+    shift = max(x.bit_length() - 4, 0)  # keep the 4 most significant bits of n - 24
+    return 24 + (x >> shift << shift)
 
 
 class SparseBM25:
-    """BM25Okapi scores from a sparse term-document matrix [V, D]: bitwise rank-bm25's floats, read from posting lists.
+    """Exact BM25 from a sparse term-document matrix [V, D] stored by term (CSR): the postings of word t are passages
+    docs[indptr[t]:indptr[t+1]] (ascending), each with one float `values[i]`. A query adds up only the posting lists
+    of its words. Two variants:
 
-    Stored by term (CSR): the postings of word t are passages docs[indptr[t]:indptr[t+1]] (ascending) with impacts
+    "okapi": bitwise rank_bm25.BM25Okapi. values [nnz] float64 are the impacts
         idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))     (tf: count of t in the passage, dl: length)
-    each computed by the same float64 operations, in the same order, as rank_bm25.BM25Okapi.get_scores. A query's
-    scores are summed word by word in query order, again as rank-bm25 does, so every score is the identical float; a
-    passage without the word gets nothing added, where rank-bm25 adds an exact 0.0.
+    each computed by the same float64 operations, in the same order, as BM25Okapi.get_scores. A query's scores are
+    summed word by word in query order (a repeated word counts again), again as rank-bm25 does, so every score is the
+    identical float; a passage without the word gets nothing added, where rank-bm25 adds an exact 0.0.
+
+    "lucene": Lucene's BM25Similarity (8.x to 10.x; pyserini's scoring), in float32 as Lucene computes it:
+        idf(t) = log(1 + (N - df + 0.5) / (df + 0.5))           N: passages with >= 1 token, df: passages holding t
+        score(t, passage) = w - w / (1 + tf * inv(dl)),  w = count of t in the query * idf(t)
+        inv(dl) = 1 / (k1 * ((1 - b) + b * L(dl) / avgdl))    L: `lucene_doc_length`, avgdl: tokens / N
+    i.e. w * tf / (tf + k1 * (1 - b + b * L / avgdl)): Lucene 8 dropped rank-bm25's (k1 + 1) factor, a constant
+    that changes no ranking; we drop it too, so scores are pyserini's. values [nnz] float32 are tf * inv(dl), idf [V]
+    float32. A word repeated in the query is one term weighted by its count (Anserini's bag-of-words query); the
+    words' float32 scores are summed in float64 (exact for any realistic spread of magnitudes, so their order does
+    not matter) and the sum rounded to float32 once, as Lucene's disjunction scorers do.
     """
 
-    def __init__(self, vocab: dict, indptr: np.ndarray, docs: np.ndarray, impacts: np.ndarray, num_docs: int):
+    def __init__(self, vocab: dict, indptr: np.ndarray, docs: np.ndarray, values: np.ndarray, num_docs: int,
+                 variant: str = "okapi", idf: np.ndarray | None = None):
         self.vocab = vocab  # word -> term id t
-        self.indptr, self.docs, self.impacts = indptr, docs, impacts  # [V+1] int64, [nnz] int32, [nnz] float64
+        self.indptr, self.docs, self.values = indptr, docs, values  # [V+1] int64, [nnz] int32, [nnz] float64/32
         self.num_docs = num_docs  # D
+        self.variant = variant  # "okapi" or "lucene"
+        self.idf = idf  # [V] float32 for "lucene"; None for "okapi" (the idf is inside its values)
 
     @classmethod
-    def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25) -> "SparseBM25":
-        """Index an iterable of [D] word lists (consumed once). Needs at least one word in the corpus."""
+    def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25,
+              variant: str = "okapi") -> "SparseBM25":
+        """Index an iterable of [D] word lists (consumed once). Needs at least one word in the corpus. epsilon: the
+        okapi idf floor (rank-bm25's default); Lucene's idf is always > 0 and has none."""
         vocab = defaultdict()  # term ids in order of first occurrence: the order rank-bm25 sums its idfs in
         vocab.default_factory = vocab.__len__  # an unseen word gets the next id
         terms, tfs, doc_len, distinct = array("i"), array("i"), [], []  # compact 4-byte buffers: nnz reaches 1e8
@@ -195,38 +323,71 @@ class SparseBM25:
         terms = np.frombuffer(terms, dtype=np.int32)  # [nnz]
         tf = np.frombuffer(tfs, dtype=np.int32).astype(np.int64)  # [nnz]
         doc = np.repeat(np.arange(D, dtype=np.int32), distinct)  # [nnz] passage of each (word, passage) pair
-        dl = np.array(doc_len)[doc]  # [nnz] int64, as rank-bm25's doc_len array
-        avgdl = sum(doc_len) / D
         df = np.bincount(terms, minlength=len(vocab))  # [V] passages containing each word
-        idf = [math.log(D - n + 0.5) - math.log(n + 0.5) for n in df.tolist()]  # math.log, as rank-bm25
+        if variant == "okapi":
+            values, idf = cls._okapi_impacts(terms, tf, doc, df, doc_len, k1, b, epsilon), None
+        else:
+            values, idf = cls._lucene_values(tf, doc, df, doc_len, k1, b)
+        order = np.argsort(terms, kind="stable")  # [nnz] by word, then by passage
+        indptr = np.concatenate([[0], np.cumsum(df)])  # [V+1]
+        return cls(dict(vocab), indptr, doc[order], values[order], D, variant, idf)
+
+    @staticmethod
+    def _okapi_impacts(terms, tf, doc, df, doc_len, k1, b, epsilon) -> np.ndarray:
+        """[nnz] float64 rank-bm25 impacts, by BM25Okapi's own float64 operations in its order."""
+        dl = np.array(doc_len)[doc]  # [nnz] int64, as rank-bm25's doc_len array
+        avgdl = sum(doc_len) / len(doc_len)
+        idf = [math.log(len(doc_len) - n + 0.5) - math.log(n + 0.5) for n in df.tolist()]  # math.log, as rank-bm25
         idf_sum = 0.0
         for x in idf:  # a plain running sum, as rank-bm25 (np.sum and Python 3.12's sum() round differently)
             idf_sum += x
         floor = epsilon * (idf_sum / len(idf))
         idf = np.array([floor if x < 0 else x for x in idf])  # [V] negative idfs floored at eps * mean idf
         weight = tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))  # [nnz] rank-bm25's expression, verbatim
-        impacts = idf[terms] * weight  # [nnz]
-        order = np.argsort(terms, kind="stable")  # [nnz] by word, then by passage
-        indptr = np.concatenate([[0], np.cumsum(df)])  # [V+1]
-        return cls(dict(vocab), indptr, doc[order], impacts[order], D)
+        return idf[terms] * weight  # [nnz]
+
+    @staticmethod
+    def _lucene_values(tf, doc, df, doc_len, k1, b) -> tuple[np.ndarray, np.ndarray]:
+        """([nnz] tf * inv(dl), [V] idf), both float32, by BM25Similarity's operations in its order: its idf() and
+        avgFieldLength() in float64 then rounded to float32, its 256-entry norm cache in float32."""
+        doc_len = np.array(doc_len)  # [D]
+        N = int(np.count_nonzero(doc_len))  # Lucene's docCount: passages with at least one token in the field
+        idf = np.array([math.log(1 + (N - n + 0.5) / (n + 0.5)) for n in df.tolist()], dtype=np.float32)  # [V]
+        avgdl = np.float32(doc_len.sum() / N)  # (float) (sumTotalTermFreq / (double) docCount)
+        k1, b, one = np.float32(k1), np.float32(b), np.float32(1)
+        lengths = {n: lucene_doc_length(n) for n in np.unique(doc_len).tolist()}  # the decoded one-byte norms
+        L = np.array([lengths[n] for n in doc_len.tolist()], dtype=np.float32)  # [D] exact small ints
+        inv = one / (k1 * ((one - b) + b * L / avgdl))  # [D] float32, Lucene's cache[norm] expression
+        return tf.astype(np.float32) * inv[doc], idf  # [nnz] float32: Lucene's freq * normInverse
 
     def get_scores(self, words: list[str]) -> np.ndarray:
-        """Scores [D] of a tokenized query (repeated words count again), as BM25Okapi.get_scores returns them."""
+        """Scores [D] float64 of a tokenized query. okapi: as BM25Okapi.get_scores returns them (repeated words count
+        again). lucene: Lucene's float32 scores (as float64), a repeated word weighted by its count."""
         scores = np.zeros(self.num_docs)  # [D]
-        for w in words:
+        if self.variant == "okapi":
+            for w in words:
+                t = self.vocab.get(w)
+                if t is not None:  # unknown words add 0, as in rank-bm25
+                    lo, hi = self.indptr[t], self.indptr[t + 1]
+                    scores[self.docs[lo:hi]] += self.values[lo:hi]  # a posting list holds each passage once
+            return scores
+        for w, count in Counter(words).items():
             t = self.vocab.get(w)
-            if t is not None:  # unknown words add 0, as in rank-bm25
+            if t is not None:
                 lo, hi = self.indptr[t], self.indptr[t + 1]
-                scores[self.docs[lo:hi]] += self.impacts[lo:hi]  # a posting list holds each passage once
-        return scores
+                weight = np.float32(count) * self.idf[t]  # BM25Scorer.weight = boost * idf, in float32
+                scores[self.docs[lo:hi]] += weight - weight / (np.float32(1) + self.values[lo:hi])  # float32 terms
+        return scores.astype(np.float32).astype(np.float64)  # the float64 sum rounded to float32 once, as Lucene
 
     def save(self, path: Path):
         """Write the index as one .npz, atomically (temp file in the same folder, then rename)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        words = np.frombuffer("\n".join(self.vocab).encode("utf-8"), dtype=np.uint8)  # \w+ words hold no newline
+        words = np.frombuffer("\n".join(self.vocab).encode("utf-8"), dtype=np.uint8)  # no word holds a newline
+        idf = np.zeros(0, np.float32) if self.idf is None else self.idf
         with open(tmp, "wb") as f:
-            np.savez(f, vocab=words, indptr=self.indptr, docs=self.docs, impacts=self.impacts, num_docs=self.num_docs)
+            np.savez(f, vocab=words, indptr=self.indptr, docs=self.docs, values=self.values, num_docs=self.num_docs,
+                     variant=np.array(self.variant), idf=idf)
         os.replace(tmp, path)
 
     @classmethod
@@ -237,30 +398,43 @@ class SparseBM25:
         try:
             with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
                 words = z["vocab"].tobytes().decode("utf-8").split("\n")
-                index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["impacts"],
-                            int(z["num_docs"]))
+                variant = str(z["variant"])
+                index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["values"],
+                            int(z["num_docs"]), variant, z["idf"] if variant == "lucene" else None)
         except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
             raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
-        if len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.impacts):
+        if (len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.values)
+                or variant not in BM25_VARIANTS or (variant == "lucene" and len(index.idf) != len(words))):
             raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
         return index
 
 
-def index_cache_file(corpus_path, k1: float, b: float, cache_dir) -> Path:
-    """<cache_dir>/bm25-<corpus name>-<path hash>-<key hash>.npz. The key covers the corpus file's absolute path, size
-    and modification time (as make and rsync judge a file changed) and the BM25 parameters: editing or replacing the
-    corpus, or changing k1 or b, misses the cache."""
+def index_cache_file(corpus_path, k1: float, b: float, cache_dir, bm25: str, analyzer: str) -> Path:
+    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers the corpus file's
+    absolute path, size and modification time (as make and rsync judge a file changed), the BM25 variant and
+    parameters, and the analyzer with what decides its words (Python's Unicode tables; for "english" also the regex
+    and nltk versions): editing or replacing the corpus, or changing any of those, misses the cache. Each variant and
+    analyzer has its own file name, so indexes of one corpus under different scorings live side by side."""
     path = Path(corpus_path).resolve()
     st = path.stat()
-    key = json.dumps([st.st_size, st.st_mtime_ns, k1, b, INDEX_VERSION])
+    key = json.dumps([st.st_size, st.st_mtime_ns, k1, b, bm25, analyzer, analyzer_version(analyzer), INDEX_VERSION])
     digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:12]  # noqa: E731
-    return Path(cache_dir) / f"bm25-{path.stem}-{digest(str(path))}-{digest(key)}.npz"
+    return Path(cache_dir) / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
+
+
+def analyzer_version(analyzer: str) -> list[str]:
+    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower, \\w) and, for
+    "english", of the regex module (word boundaries) and nltk (the stemmer)."""
+    versions = [unicodedata.unidata_version]
+    if analyzer == "english":
+        versions += [regex.__version__, importlib.metadata.version("nltk")]
+    return versions
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the <= k best scores > 0, best first, ties by passage order: the first k of a stable descending
     argsort, without sorting all D scores (np.partition finds the k-th best, then only the survivors are sorted)."""
-    cand = np.flatnonzero(scores > 0)  # [n] ascending passage index
+    cand = np.flatnonzero(scores > 0)  # [n] ascending passage index; NOTE(departure 1): Anserini ties by id string
     if len(cand) > k:
         kth = np.partition(scores[cand], len(cand) - k)[len(cand) - k]  # the k-th largest score
         cand = cand[scores[cand] >= kth]  # keeps every passage tied with it, still in passage order
@@ -271,47 +445,70 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class BM25Retriever:
-    """Exact BM25 top-k over an in-memory corpus, scored by rank_bm25.BM25Okapi or `SparseBM25` (departures 1, 4)."""
+    """Exact BM25 top-k over an in-memory corpus: Lucene's scoring with its English analyzer (pyserini's, the default),
+    or rank-bm25's Okapi with \\w+ words, by rank_bm25.BM25Okapi or `SparseBM25` (departures 1, 4)."""
 
-    def __init__(self, corpus: list[dict], k1: float = 0.9, b: float = 0.4, engine: str = "auto", index=None):
+    def __init__(self, corpus: list[dict], k1: float = 0.9, b: float = 0.4, engine: str = "auto", index=None,
+                 bm25: str = "lucene", analyzer: str | None = None):
         """corpus: [D] rows {"id", "contents"} as `load_corpus` returns. k1, b: BM25 term-saturation and length-norm
-        constants (Anserini defaults). engine: "rank_bm25" (the reference), "sparse" (same scores, fast) or "auto"
-        (sparse above SPARSE_ABOVE passages). index: a prebuilt SparseBM25 of this corpus (from the cache).
-        Raises ValueError on an empty corpus, one without a single word token, or an unknown engine."""
-        if not corpus:
-            raise ValueError("corpus is empty: need at least one passage")
+        constants (Anserini defaults). bm25: the scoring (`BM25_VARIANTS`): "lucene" (Lucene's BM25Similarity) or
+        "okapi" (rank-bm25's BM25Okapi), see SparseBM25. analyzer: text -> words (`ANALYZERS`); None: the variant's
+        own (`DEFAULT_ANALYZER`: "english" for lucene, "words" for okapi). engine: "rank_bm25" (rank-bm25 itself,
+        okapi only), "sparse" (okapi: the same scores; lucene: the only engine) or "auto" (lucene: sparse; okapi:
+        sparse above SPARSE_ABOVE passages). index: a prebuilt SparseBM25 of this corpus, variant and analyzer (from
+        the cache). Raises ValueError on an empty corpus, one without a single word (after the analyzer), an unknown
+        variant, analyzer or engine, or engine "rank_bm25" with bm25 "lucene"."""
+        if bm25 not in BM25_VARIANTS:
+            raise ValueError(f"--bm25 must be one of {', '.join(BM25_VARIANTS)}; got {bm25!r}")
+        analyzer = DEFAULT_ANALYZER[bm25] if analyzer is None else analyzer
+        if analyzer not in ANALYZERS:
+            raise ValueError(f"analyzer must be one of {', '.join(ANALYZERS)}; got {analyzer!r}")
         if engine not in ("auto", "rank_bm25", "sparse"):
             raise ValueError(f"engine must be 'auto', 'rank_bm25' or 'sparse', got {engine!r}")
-        if not any(tokenize(row["contents"]) for row in corpus):  # stops at the first passage with a word
-            raise ValueError("corpus has no word tokens: every passage is empty or punctuation")
-        self.corpus = corpus
-        self.engine = engine if engine != "auto" else "sparse" if len(corpus) > SPARSE_ABOVE else "rank_bm25"
+        if engine == "rank_bm25" and bm25 != "okapi":
+            raise ValueError(f"engine 'rank_bm25' scores only --bm25 okapi (rank-bm25 has no Lucene BM25); use engine "
+                             f"'sparse' or 'auto' for --bm25 {bm25}")
+        if not corpus:
+            raise ValueError("corpus is empty: need at least one passage")
+        self.analyze = ANALYZERS[analyzer]  # text -> [words]
+        if not any(self.analyze(row["contents"]) for row in corpus):  # stops at the first passage with a word
+            raise ValueError(f"corpus has no word tokens ({analyzer} analyzer): every passage is empty or punctuation"
+                             + (" or stop words" if analyzer == "english" else ""))
+        self.corpus, self.variant, self.analyzer = corpus, bm25, analyzer
+        self.engine = engine if engine != "auto" else \
+            "sparse" if bm25 != "okapi" or len(corpus) > SPARSE_ABOVE else "rank_bm25"
         if index is None:
             docs = tqdm(corpus, desc="tokenize", unit="doc", disable=len(corpus) <= 50_000)
-            tokenized = (tokenize(row["contents"]) for row in docs)  # [D] lists of words, made one at a time
-            build = SparseBM25.build if self.engine == "sparse" else BM25Okapi
-            index = build(tokenized, k1=k1, b=b)  # rank-bm25's default epsilon=0.25 floors negative idfs
+            tokenized = (self.analyze(row["contents"]) for row in docs)  # [D] lists of words, made one at a time
+            if self.engine == "sparse":
+                index = SparseBM25.build(tokenized, k1=k1, b=b, variant=bm25)
+            else:
+                index = BM25Okapi(tokenized, k1=k1, b=b)  # rank-bm25's default epsilon=0.25 floors negative idfs
         self.bm25 = index  # either engine: .get_scores(words) -> [D]
 
     @classmethod
-    def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto",
-                   cache_dir=CACHE_DIR) -> "BM25Retriever":
-        """Build the index from a jsonl corpus file (errors as `load_corpus`). A sparse index is read from, or written
-        to, `cache_dir` (None: no cache), so the second run over a large corpus skips indexing (`index_cache_file`)."""
+    def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto", cache_dir=CACHE_DIR,
+                   bm25: str = "lucene", analyzer: str | None = None) -> "BM25Retriever":
+        """Build the index from a jsonl corpus file (errors as `load_corpus` and __init__). The sparse index of a
+        corpus of more than CACHE_ABOVE passages is read from, or written to, `cache_dir` (None: no cache), so the
+        second run over the corpus skips indexing (`index_cache_file`: one file per corpus, variant and analyzer)."""
         corpus = load_corpus(path)
-        sparse = engine == "sparse" or (engine == "auto" and len(corpus) > SPARSE_ABOVE)
-        if cache_dir is None or not sparse:
-            return cls(corpus, k1=k1, b=b, engine=engine)
-        file = index_cache_file(path, k1, b, cache_dir)
+        if bm25 not in BM25_VARIANTS:  # checked before the cache key is made (the first check of __init__)
+            return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
+        analyzer = DEFAULT_ANALYZER[bm25] if analyzer is None else analyzer
+        sparse = engine == "sparse" or (engine == "auto" and (bm25 != "okapi" or len(corpus) > SPARSE_ABOVE))
+        if cache_dir is None or not sparse or len(corpus) <= CACHE_ABOVE or analyzer not in ANALYZERS:
+            return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
+        file = index_cache_file(path, k1, b, cache_dir, bm25, analyzer)
         try:
             index = SparseBM25.load(file) if file.is_file() else None
         except (OSError, ValueError) as err:  # a damaged file (killed writer, full disk, copy): rebuild it
             print(f"warning: rebuilding the unreadable BM25 index cache: {err}", file=sys.stderr)
             index = None
-        if index is not None and index.num_docs == len(corpus):
-            return cls(corpus, k1=k1, b=b, engine="sparse", index=index)
-        retriever = cls(corpus, k1=k1, b=b, engine="sparse")
-        for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus file's stale indexes
+        if index is not None and index.num_docs == len(corpus) and index.variant == bm25:
+            return cls(corpus, k1=k1, b=b, engine="sparse", index=index, bm25=bm25, analyzer=analyzer)
+        retriever = cls(corpus, k1=k1, b=b, engine="sparse", bm25=bm25, analyzer=analyzer)
+        for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus and variant's stale indexes
             old.unlink(missing_ok=True)
         retriever.bm25.save(file)
         return retriever
@@ -327,9 +524,9 @@ class BM25Retriever:
         check_request(queries, topk)
         results = []
         for query in queries:  # one at a time, as Search-R1's BM25 _batch_search loops
-            words = tokenize(query)
+            words = self.analyze(query)
             if not words:
-                results.append([])  # NOTE(departure 3): empty or whitespace query -> no hits
+                results.append([])  # NOTE(departure 3): an empty, whitespace or stop-word query -> no hits
                 continue
             scores = self.bm25.get_scores(words)  # [D]
             order = top_k(scores, topk)  # [<=topk] best first, ties by passage order; NOTE(departure 3): score > 0
@@ -346,7 +543,7 @@ class BM25Retriever:
         return [format_passages(hits) for hits in self.search(queries, topk)]
 
     def __str__(self):
-        return f"{len(self.corpus)} passages (BM25, {self.engine})"
+        return f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, {self.engine} engine)"
 
 
 def check_request(queries, topk):
@@ -440,13 +637,15 @@ class RemoteRetriever:
         return f"retriever at {self.url}"
 
 
-def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR, timeout: float = CLIENT_TIMEOUT):
+def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR, timeout: float = CLIENT_TIMEOUT,
+                   bm25: str = "lucene"):
     """The retriever train.py and evaluate.py use: a RemoteRetriever when `url` is set (checked with one query, so a
-    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`.
+    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`,
+    scored by `bm25` (--bm25: "lucene" or "okapi", each with its own analyzer; `serve --bm25` sets a server's).
     timeout: the RemoteRetriever's seconds per try (--retriever-timeout; unused without `url`). Raises as
     BM25Retriever.from_jsonl, or ConnectionError / ValueError as RemoteRetriever."""
     if not url:
-        return BM25Retriever.from_jsonl(corpus, engine=engine, cache_dir=cache_dir)
+        return BM25Retriever.from_jsonl(corpus, engine=engine, cache_dir=cache_dir, bm25=bm25)
     retriever = RemoteRetriever(url, timeout=timeout)
     retriever.search(["test"], 1)
     return retriever
@@ -543,15 +742,18 @@ def serve_cli(argv: list[str]):
     ap.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 exposes the server (no authentication)")
     ap.add_argument("--port", type=int, default=8000, help="port (Search-R1's default 8000; 0 picks a free one)")
     ap.add_argument("--topk", type=int, default=3, help="passages for requests without topk (Search-R1 default 3)")
+    ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="scoring: lucene (Lucene's BM25 "
+                    "and English analyzer, as pyserini) or okapi (rank-bm25's BM25Okapi, \\w+ words)")
     ap.add_argument("--engine", default="sparse", choices=["auto", "rank_bm25", "sparse"],
-                    help="BM25 engine (sparse: the same scores as rank_bm25, ~25x the requests/s at 13,823 passages)")
+                    help="BM25 engine (sparse: the same scores as rank_bm25, ~25x the requests/s at 13,823 passages; "
+                    "rank_bm25: --bm25 okapi only)")
     ap.add_argument("--backlog", type=int, default=LISTEN_BACKLOG, help="connections queued before they are accepted "
                     f"(default {LISTEN_BACKLOG}; Python's default 5 drops or resets bursts of requests)")
     args = ap.parse_args(argv)
     if args.backlog < 1:  # checked before the index is built
         ap.error(f"--backlog must be >= 1, got {args.backlog}")
     try:
-        retriever = BM25Retriever.from_jsonl(args.corpus, engine=args.engine)
+        retriever = BM25Retriever.from_jsonl(args.corpus, engine=args.engine, bm25=args.bm25)
         server = make_server(retriever, args.host, args.port, args.topk, backlog=args.backlog)
     except (FileNotFoundError, ValueError, OSError) as err:  # bad corpus, port in use: one line, no traceback
         raise SystemExit(f"error: {err}") from None
@@ -576,7 +778,10 @@ if __name__ == "__main__":
     parser.add_argument("--topk", type=int, default=3, help="passages per query (Search-R1 default 3)")
     parser.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (Anserini default)")
     parser.add_argument("--b", type=float, default=0.4, help="BM25 b (Anserini default)")
-    parser.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"], help="BM25 engine")
+    parser.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="scoring: lucene (Lucene's "
+                        "BM25 and English analyzer, as pyserini) or okapi (rank-bm25's BM25Okapi, \\w+ words)")
+    parser.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"],
+                        help="BM25 engine (rank_bm25: --bm25 okapi only)")
     args = parser.parse_args()
     if args.corpus is None and args.queries:
         parser.error("queries need --corpus PATH (run with no arguments for the toy demo)")
@@ -584,12 +789,18 @@ if __name__ == "__main__":
         parser.error("--corpus given but no query: add one or more query strings")
 
     if args.corpus is None:  # toy demo: 5 passages, expected output in the comments
-        retriever = BM25Retriever(DEMO_CORPUS)
+        try:
+            retriever = BM25Retriever(DEMO_CORPUS, k1=args.k1, b=args.b, engine=args.engine, bm25=args.bm25)
+        except ValueError as err:  # --engine rank_bm25 with --bm25 lucene: one clear line, no traceback
+            raise SystemExit(f"error: {err}") from None
+        print(retriever.analyze("capital of France"))
+        # ['capit', 'franc']   lucene: "of" is a stop word, the rest Porter stems (okapi: ['capital', 'of', 'france'])
         for hit in retriever.search(["capital of France"], topk=3)[0]:
             print(hit["document"]["id"], round(hit["score"], 4))
-        # 0 1.0247   "Paris": capital + of + france (each word is in 2 of 5 passages: idf ln(3.5/2.5) = 0.3365)
-        # 1 0.6832   "Berlin": capital + of
-        # 2 0.3251   "Eiffel Tower": france only ("Rhine" and "Apple" match nothing, so they never appear)
+        # 0 0.9449   "Paris": capit + franc (each in 2 of 5 passages: idf ln(1 + 3.5/2.5) = 0.8755)
+        # 1 0.4724   "Berlin": capit
+        # 2 0.4357   "Eiffel Tower": franc, in a longer passage ("Rhine" and "Apple" match nothing: never shown)
+        # (okapi: 1.0247, 0.6832, 0.3251: "of" counts there, idf ln(3.5/2.5) = 0.3365 per word)
         print(retriever(["Rhine"], topk=3)[0], end="")
         # Doc 1(Title: "Rhine") The Rhine flows through Germany and the Netherlands.
         print(retriever.search(["zebra", "   "]))
@@ -597,7 +808,8 @@ if __name__ == "__main__":
     else:
         t0 = time.perf_counter()
         try:
-            retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b, engine=args.engine)
+            retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b, engine=args.engine,
+                                             bm25=args.bm25)
         except (FileNotFoundError, ValueError) as err:  # bad input: one clear line, no traceback
             raise SystemExit(f"error: {err}") from None
         print(f"index: {retriever} in {time.perf_counter() - t0:.2f}s")

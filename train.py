@@ -48,7 +48,7 @@ from checkpoint import atomic_write
 from grpo import POLICY_LOSSES, group_advantages, grpo_loss, logp_and_entropy_from_logits, logp_from_logits
 from llds import MA_SCHEDULES, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta, official_metrics
 from policy import load_policy
-from retriever import make_retriever
+from retriever import BM25_VARIANTS, make_retriever
 from rollout import check_obs_budget, load_questions, rollout
 
 
@@ -80,6 +80,9 @@ class Args:
     """Search-R1 /retrieve server (e.g. http://127.0.0.1:8000/retrieve, `python retriever.py serve`); "" = in-process"""
     retriever_timeout: float = 30.0
     """seconds to wait for each --retriever-url request (it is tried 3 times, with a warning line after each failure)"""
+    bm25: str = "lucene"
+    """in-process BM25 scoring: lucene (Lucene's BM25 and English analyzer, as pyserini) | okapi (rank-bm25, \\w+
+    words); a --retriever-url server scores as it was started (retriever.py serve --bm25)"""
     # --- rollout
     prompts_per_step: int = 512
     """questions per rollout batch (paper: 512)"""
@@ -214,7 +217,7 @@ def parse_args(argv=None) -> Args:
         args.clip_eps_high = args.clip_eps
     choices = {"llds_gate": ("action", "response", "token"), "llds_norm": ("code", "paper"),
                "llds_ma": ("off", *MA_SCHEDULES), "ref_dtype": ("bfloat16", "float32"),
-               "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
+               "bm25": BM25_VARIANTS, "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
                "kl_type": ("k1", "k2", "k3", "low_var_kl"), "policy_loss": tuple(POLICY_LOSSES),
                "loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
     for name, ok in choices.items():
@@ -558,7 +561,7 @@ def main(args: Args):
         state = load_trainer_state(ckpt) if ckpt else None
         clear = checkpoint.check_out_dir(out_dir, args.resume, ckpt, state["step"] if state else 0, args.overwrite)
         rows = load_questions(args.train_data)
-        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout)
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
             raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the {len(rows)} questions in "
                              f"{args.train_data}: each step takes that many distinct questions")

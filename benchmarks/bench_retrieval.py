@@ -1,14 +1,29 @@
-"""Benchmark: rank-bm25 (the reference engine) vs the sparse engine of retriever.py, side by side in one run.
+"""Benchmark: retrieval quality of the BM25 variants, and speed of rank-bm25 (the reference engine) vs the sparse
+engine of retriever.py, side by side in one run.
 
-For each corpus size it builds both indexes, each in a fresh subprocess (so memory is measured cleanly), and reports
-build time, index memory (resident memory after the build minus before; peak in brackets), per-query latency
-(`BM25Retriever.search([q], 3)` on real questions from ../shared/data) and the speedup, and checks that the two
-engines return identical top-3 lists (ids and scores). Larger corpora repeat the real 13,823 passages (ids renumbered),
-so every passage has many exact duplicates: ties are broken by passage order, which the check covers too.
-Not a test: nothing is asserted on time. Also prints retrieval's share of a CPU training step (--metrics).
+Quality (--part recall): recall@3 of the supporting titles, for three scorings: okapi over \\w+ words (rank-bm25's
+BM25Okapi, `--bm25 okapi`), lucene over \\w+ words (Lucene's BM25 formula alone) and lucene over Lucene's English
+analyzer (`--bm25 lucene`, the default). Question set: every question of the QA bundle (../shared/data, its top-level
+*_train.jsonl and *_test.jsonl files) whose metadata lists supporting titles: 877 (HotpotQA 628, MuSiQue 249); the NQ
+and Bamboogle files under no_context/ list none. Metric, per question: its text is the query, the 3 best passages
+are formatted as the agent sees them (`format_passages`), their titles read back (evaluate.retrieved_titles), and
+recall = |supporting titles among them| / |supporting titles| (evaluate.recall: case- and space-insensitive); the
+table gives the mean over the questions, the mean per dataset, and the share of questions with every supporting
+title in the top 3. Deterministic: no sampling, ties broken by passage order.
 
-    python benchmarks/bench_retrieval.py                                  # 10K, 13,823 (real), 100K, 1M: ~10 min
-    python benchmarks/bench_retrieval.py --sizes 10000 100000 --queries 100
+Speed (--part speed): for each corpus size it builds each engine, each in a fresh subprocess (so memory is measured
+cleanly), and reports build time, index memory (resident memory after the build minus before; peak in brackets),
+per-query latency (`BM25Retriever.search([q], 3)` on real questions from ../shared/data) and the speedup over
+rank-bm25, and checks that the okapi engines return identical top-3 lists (ids and scores). "sparse" is okapi on the
+sparse engine, "lucene" the default --bm25 lucene (sparse engine, English analyzer: its build time is mostly the
+analyzer). Larger corpora repeat the real 13,823 passages (ids renumbered), so every passage has many exact
+duplicates: ties are broken by passage order, which the check covers too. Not a test: nothing is asserted on time.
+Also prints retrieval's share of a CPU training step (--metrics).
+
+    python benchmarks/bench_retrieval.py                 # recall, then 10K, 13,823 (real), 100K, 1M: ~30 min
+    python benchmarks/bench_retrieval.py --part recall   # the quality table alone: ~30 s
+    python benchmarks/bench_retrieval.py --part speed --sizes 10000 13823 100000           # ~10 min
+    python benchmarks/bench_retrieval.py --part speed --sizes 10000 100000 --queries 100
 """
 
 import argparse
@@ -40,15 +55,55 @@ def questions(n: int) -> list[str]:
     return [q for group in zip(*files) for q in group][:n]
 
 
+ENGINES = {"rank_bm25": dict(engine="rank_bm25", bm25="okapi"), "sparse": dict(engine="sparse", bm25="okapi"),
+           "lucene": dict(engine="sparse", bm25="lucene")}  # speed rows -> BM25Retriever arguments
+VARIANTS = [("okapi", "words"), ("lucene", "words"), ("lucene", "english")]  # quality rows: (--bm25, analyzer)
+
+
+def supporting_questions() -> list[dict]:
+    """The bundle's questions whose metadata lists supporting titles, file by file (sorted names), in file order."""
+    rows = []
+    for f in sorted(DATA.glob("*.jsonl")):
+        if f.name != "corpus.jsonl":
+            rows += [r for r in map(json.loads, open(f, encoding="utf-8"))
+                     if (r.get("metadata") or {}).get("supporting_titles")]
+    return rows
+
+
+def recall_table():
+    """Print recall@3 of the supporting titles for each of VARIANTS (metric and question set: module docstring)."""
+    from evaluate import recall, retrieved_titles  # the project's own rule, as evaluate.py scores trajectories
+
+    corpus, rows = load_corpus(DATA / "corpus.jsonl"), supporting_questions()
+    sources = sorted({r["data_source"] for r in rows})
+    per = {s: sum(r["data_source"] == s for r in rows) for s in sources}
+    print(f"recall@3 of the supporting titles, {len(rows)} questions ({', '.join(f'{s} {n}' for s, n in per.items())})")
+    print(f"{'--bm25':<7} | {'analyzer':<8} | {'recall@3':>8} | " + " | ".join(f"{s:>9}" for s in sources) +
+          f" | {'all found':>9} | {'build s':>7} | {'ms/query':>8}")
+    for bm25, analyzer in VARIANTS:
+        t0 = time.perf_counter()
+        retriever = BM25Retriever(corpus, engine="sparse", bm25=bm25, analyzer=analyzer)  # okapi: rank-bm25's floats
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        observations = retriever([r["question"] for r in rows], 3)
+        query_ms = 1000 * (time.perf_counter() - t0) / len(rows)
+        scores = [recall(r["metadata"]["supporting_titles"], retrieved_titles([obs]))
+                  for r, obs in zip(rows, observations)]
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        by_source = [mean([x for x, r in zip(scores, rows) if r["data_source"] == s]) for s in sources]
+        print(f"{bm25:<7} | {analyzer:<8} | {mean(scores):>8.3f} | " + " | ".join(f"{x:>9.3f}" for x in by_source) +
+              f" | {mean([x == 1 for x in scores]):>9.3f} | {build_s:>7.1f} | {query_ms:>8.2f}", flush=True)
+
+
 def one(engine: str, size: int, num_queries: int, cache: str) -> dict:
-    """Build one engine over `size` passages and time it (runs in its own process)."""
+    """Build one engine (ENGINES) over `size` passages and time it (runs in its own process)."""
     real = load_corpus(DATA / "corpus.jsonl")
     corpus = [{"id": str(i), "contents": real[i % len(real)]["contents"]} for i in range(size)]
     queries = questions(num_queries)
     gc.collect()
     before = rss_mb()
     t0 = time.perf_counter()
-    retriever = BM25Retriever(corpus, engine=engine)
+    retriever = BM25Retriever(corpus, **ENGINES[engine])
     build_s = time.perf_counter() - t0
     gc.collect()
     out = {"build_s": build_s, "index_mb": rss_mb() - before,
@@ -57,8 +112,8 @@ def one(engine: str, size: int, num_queries: int, cache: str) -> dict:
     hits = [retriever.search([q], 3)[0] for q in queries]
     out["query_ms"] = 1000 * (time.perf_counter() - t0) / len(queries)
     out["topk"] = [[(h["document"]["id"], h["score"]) for h in q] for q in hits]
-    if engine == "sparse":  # the on-disk cache: what a second run pays instead of build_s
-        path = Path(cache) / f"bench-{size}.npz"
+    if engine != "rank_bm25":  # the on-disk cache: what a second run pays instead of build_s
+        path = Path(cache) / f"bench-{engine}-{size}.npz"
         retriever.bm25.save(path)
         t0 = time.perf_counter()
         SparseBM25.load(path)
@@ -76,33 +131,24 @@ def run_one(engine: str, size: int, num_queries: int, cache: str) -> dict:
     return json.loads(r.stdout.splitlines()[-1])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 13_823, 100_000, 1_000_000])
-    ap.add_argument("--queries", type=int, default=200, help="questions timed on the sparse engine")
-    ap.add_argument("--ref-budget", type=float, default=2e6, help="rank-bm25 times max(10, budget / size) questions")
-    ap.add_argument("--metrics", default="runs/cpu/metrics.jsonl", help="a CPU training run, for the step-time share")
-    ap.add_argument("--cache", default="/tmp", help="folder for the cache load timing")
-    ap.add_argument("--one", nargs=2, metavar=("ENGINE", "SIZE"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.queries, args.cache)))
-        return
-
+def speed_table(args):
     print(f"{'passages':>10} | {'engine':<9} | {'build s':>8} | {'index MB (peak)':>16} | {'ms/query':>9} | "
           f"{'speedup':>8} | {'same top-3':>10} | cache: load s, MB")
     per_query = {}
     for size in args.sizes:
         ref = run_one("rank_bm25", size, max(10, min(args.queries, int(args.ref_budget // size))), args.cache)
         fast = run_one("sparse", size, args.queries, args.cache)
+        lucene = run_one("lucene", size, args.queries, args.cache) if "lucene" in args.engines else None
         n = len(ref["topk"])
         same = fast["topk"][:n] == ref["topk"]  # exact: same ids, same order, bitwise the same scores
-        speedup = ref["query_ms"] / fast["query_ms"]
         per_query[size] = (ref["query_ms"], fast["query_ms"])
-        for name, r in (("rank_bm25", ref), ("sparse", fast)):
+        for name, r in (("rank_bm25", ref), ("sparse", fast), ("lucene", lucene)):
+            if r is None:
+                continue
             mem = f"{r['index_mb']:.0f} ({r['peak_mb']:.0f})"
-            tail = (f"{speedup:>7.0f}x | {str(same) + f' ({n} q)':>10} | {r['load_s']:.2f} s, {r['cache_mb']:.0f} MB"
-                    if name == "sparse" else f"{'':>8} | {'':>10} |")
+            check = {"rank_bm25": "", "sparse": f"{same} ({n} q)", "lucene": "(other)"}[name]
+            tail = (f"{ref['query_ms'] / r['query_ms']:>7.0f}x | {check:>10} | {r['load_s']:.2f} s, "
+                    f"{r['cache_mb']:.0f} MB" if name != "rank_bm25" else f"{'':>8} | {'':>10} |")
             print(f"{size:>10,} | {name:<9} | {r['build_s']:>8.1f} | {mem:>16} | {r['query_ms']:>9.2f} | {tail}",
                   flush=True)
 
@@ -115,6 +161,27 @@ def main():
         for name, ms in zip(("rank_bm25", "sparse"), per_query[13_823]):
             print(f"vertical slice ({metrics}, {step_s:.0f} s/step, <= {n_q} searches/step): {name} retrieval "
                   f"{n_q * ms / 1000:.2f} s/step = {100 * n_q * ms / 1000 / step_s:.3f}% of a step")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", default="all", choices=["all", "recall", "speed"], help="which table(s) to print")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 13_823, 100_000, 1_000_000])
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES),
+                    help="speed rows (rank_bm25 and sparse always run: the reference and its check)")
+    ap.add_argument("--queries", type=int, default=200, help="questions timed on the sparse engines")
+    ap.add_argument("--ref-budget", type=float, default=2e6, help="rank-bm25 times max(10, budget / size) questions")
+    ap.add_argument("--metrics", default="runs/cpu/metrics.jsonl", help="a CPU training run, for the step-time share")
+    ap.add_argument("--cache", default="/tmp", help="folder for the cache load timing")
+    ap.add_argument("--one", nargs=2, metavar=("ENGINE", "SIZE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.queries, args.cache)))
+        return
+    if args.part in ("all", "recall"):
+        recall_table()
+    if args.part in ("all", "speed"):
+        speed_table(args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Tests for retriever.py: BM25 against a plain-loop Okapi, P23 result shapes, the Search-R1 passage format, input
-errors and the CLI. CPU only, no network; the real corpus is read from ../shared/data (never copied into the repo)."""
+"""Tests for retriever.py: BM25 against a plain-loop Okapi and a plain-loop Lucene BM25 (and against Lucene itself),
+P23 result shapes, the Search-R1 passage format, input errors and the CLI. CPU only, no network; the real corpus is read
+from ../shared/data (never copied into the repo)."""
 
+import base64
 import json
 import math
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -22,9 +25,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import retriever as retriever_module  # noqa: E402
+
 from retriever import (  # noqa: E402
-    BM25Retriever, RemoteRetriever, SparseBM25, format_passages, index_cache_file, load_corpus, make_retriever,
-    make_server, tokenize, MAX_REQUEST_BYTES,
+    BM25_VARIANTS, DEFAULT_ANALYZER, DEMO_CORPUS, LUCENE_STOP_WORDS, BM25Retriever, RemoteRetriever, SparseBM25,
+    english_analyze, format_passages, index_cache_file, java_lower, load_corpus, lucene_doc_length, make_retriever,
+    make_server, standard_tokenize, tokenize, top_k, MAX_REQUEST_BYTES,
 )
 
 DATA = REPO.parent / "shared" / "data"
@@ -90,9 +96,9 @@ def assert_matches_brute_force(retriever, corpus, queries, k, **kw):
 
 @pytest.fixture(scope="module")
 def real():
-    """(corpus, retriever) over the real 13,823-passage corpus, built once (~1 s)."""
+    """(corpus, okapi retriever) over the real 13,823-passage corpus, built once (~1 s)."""
     corpus = load_corpus(DATA / "corpus.jsonl")
-    return corpus, BM25Retriever(corpus)
+    return corpus, BM25Retriever(corpus, bm25="okapi")
 
 
 # --- BM25 == brute force ---------------------------------------------------------------------------------------------
@@ -101,7 +107,7 @@ def real():
 @pytest.mark.parametrize("k1,b", [(0.9, 0.4), (1.5, 0.75)])
 def test_topk_matches_brute_force_toy(k1, b):
     queries = ["capital of France", "Paris", "Lyon Rhone", "city city city", "is the a", "Troy Helen Paris", "zebra"]
-    retriever = BM25Retriever(TOY, k1=k1, b=b)
+    retriever = BM25Retriever(TOY, k1=k1, b=b, bm25="okapi")
     for k in (1, 3, len(TOY) + 5):
         assert_matches_brute_force(retriever, TOY, queries, k, k1=k1, b=b)
     hits = retriever.search(["Lyon"], topk=5)[0]  # duplicate passages tie: the earlier one comes first
@@ -128,20 +134,20 @@ def check_p23_shape(hits, k):
 
 
 def test_p23_zero_hit_query_returns_empty():
-    retriever = BM25Retriever(TOY)
+    retriever = BM25Retriever(TOY, bm25="okapi")
     assert retriever.search(["zebra xylophone"], topk=3) == [[]]
     assert retriever(["zebra xylophone"], topk=3) == [""]
 
 
 def test_p23_fewer_than_k_hits_are_aligned():
-    hits = BM25Retriever(TOY).search(["Troy"], topk=3)[0]  # only passage "f" mentions Troy
+    hits = BM25Retriever(TOY, bm25="okapi").search(["Troy"], topk=3)[0]  # only passage "f" mentions Troy
     check_p23_shape(hits, 3)
     assert [h["document"]["id"] for h in hits] == ["f"]
     assert hits[0]["score"] == pytest.approx(brute_force_bm25(TOY, "Troy")[5], abs=1e-9)
 
 
 def test_p23_k_hit_query_is_cut_to_k():
-    retriever = BM25Retriever(TOY)
+    retriever = BM25Retriever(TOY, bm25="okapi")
     assert sum(s > 0 for s in brute_force_bm25(TOY, "France capital city")) > 3  # more matches than k
     for k in (1, 2, 3):
         hits = retriever.search(["France capital city"], topk=k)[0]
@@ -150,14 +156,14 @@ def test_p23_k_hit_query_is_cut_to_k():
 
 
 def test_p23_empty_and_whitespace_queries():
-    retriever = BM25Retriever(TOY)
+    retriever = BM25Retriever(TOY, bm25="okapi")
     assert retriever.search(["", "   \n\t", "?!", "Paris"], topk=3)[:3] == [[], [], []]
     assert retriever(["", " "]) == ["", ""]
     assert retriever.search([], topk=3) == []
 
 
 def test_p23_topk_larger_than_corpus_and_bad_topk():
-    retriever = BM25Retriever(TOY)
+    retriever = BM25Retriever(TOY, bm25="okapi")
     hits = retriever.search(["is"], topk=100)[0]
     check_p23_shape(hits, len(TOY))
     with pytest.raises(ValueError, match="topk"):
@@ -181,7 +187,7 @@ def searchr1_search(retriever, query, num, return_score=True):
 
 
 def test_p23_searchr1_scores_before_cut_misalign():
-    retriever = BM25Retriever(TOY)
+    retriever = BM25Retriever(TOY, bm25="okapi")
     k = 2
     for query in ("France capital city", "Troy", "zebra", ""):
         ours = retriever.search([query], topk=k)[0]
@@ -344,7 +350,7 @@ def rank_bm25_topk(bm25, query, k, word_scores):
 def test_sparse_equals_rank_bm25_real_corpus_200_queries(real):
     corpus, reference = real  # 13,823 passages: engine "auto" is rank_bm25 here
     assert reference.engine == "rank_bm25"
-    sparse = BM25Retriever(corpus, engine="sparse")
+    sparse = BM25Retriever(corpus, engine="sparse", bm25="okapi")
     queries = real_questions(200)
     assert len(set(queries)) == 200
     word_scores = {}
@@ -361,7 +367,8 @@ NEGATIVE_IDF = [{"id": str(i), "contents": c} for i, c in enumerate(["a b", "a c
 @pytest.mark.parametrize("corpus", [TOY, NEGATIVE_IDF])
 def test_sparse_scores_bitwise_on_toy_corpora(corpus):
     """TOY, and a corpus whose mean idf is < 0 (floored idfs, negative scores): every score vector is identical."""
-    ref, fast = BM25Retriever(corpus, engine="rank_bm25"), BM25Retriever(corpus, engine="sparse")
+    ref = BM25Retriever(corpus, engine="rank_bm25", bm25="okapi")
+    fast = BM25Retriever(corpus, engine="sparse", bm25="okapi")
     for query in ("France capital city", "Paris Paris capital", "a", "a b c", "b b", "zebra", "Lyon Rhone"):
         assert np.array_equal(ref.bm25.get_scores(tokenize(query)), fast.bm25.get_scores(tokenize(query))), query
         assert ref.search([query], 10) == fast.search([query], 10)
@@ -369,7 +376,7 @@ def test_sparse_scores_bitwise_on_toy_corpora(corpus):
 
 @pytest.mark.parametrize("engine", ["rank_bm25", "sparse"])
 def test_bad_input_and_ties_both_engines(engine):
-    retriever = BM25Retriever(TOY, engine=engine)
+    retriever = BM25Retriever(TOY, engine=engine, bm25="okapi")
     assert retriever.search(["", "   \n\t", "?!", "zebra xylophone"], topk=3) == [[], [], [], []]  # no crash, no hits
     everything = retriever.search(["is the of a"], topk=100)[0]  # topk > corpus: every passage with a query word
     assert len(everything) == sum(s > 0 for s in brute_force_bm25(TOY, "is the of a")) < 100
@@ -381,49 +388,515 @@ def test_bad_input_and_ties_both_engines(engine):
     with pytest.raises(ValueError, match="engine"):
         BM25Retriever(TOY, engine="faiss")
     with pytest.raises(ValueError, match="no word tokens"):
-        BM25Retriever([{"id": "0", "contents": "?!"}], engine=engine)
+        BM25Retriever([{"id": "0", "contents": "?!"}], engine=engine, bm25="okapi")
+
+
+# --- --bm25 lucene: Lucene's English analyzer and BM25Similarity ----------------------------------------------------
+# Expected words and scores marked "Lucene 8.7" were printed by Lucene itself (Debian's liblucene8-java 8.7.0: a
+# StandardTokenizer -> EnglishPossessiveFilter -> LowerCaseFilter -> StopFilter(ENGLISH_STOP_WORDS_SET) ->
+# PorterStemFilter chain, i.e. Anserini's DefaultEnglishAnalyzer, and BM25Similarity(0.9f, 0.4f) over a one-segment
+# index with Anserini's bag-of-words query); LUCENE_JAVA below is the program, test_lucene_itself_* reruns it.
+
+LUCENE_ANALYZED = [  # (text, Lucene 8.7's StandardTokenizer tokens, its English analyzer's words)
+    ("O'Neil's dog’s DOGS＇S U.S. e-mail 3.14 1,000 a:b foo_bar don't",
+     ["O'Neil's", "dog’s", "DOGS＇S", "U.S", "e", "mail", "3.14", "1,000", "a:b", "foo_bar", "don't"],
+     ["o'neil", "dog", "dog", "u.", "e", "mail", "3.14", "1,000", "a:b", "foo_bar", "don't"]),
+    ("Who founded the X-Men's comics?", ["Who", "founded", "the", "X", "Men's", "comics"],
+     ["who", "found", "x", "men", "comic"]),
+    ("İSTANBUL ΣΊΣΥΦΟΣ Ströme naïve café", ["İSTANBUL", "ΣΊΣΥΦΟΣ", "Ströme", "naïve", "café"],
+     ["istanbul", "σίσυφοσ", "ströme", "naïv", "café"]),
+    ("日本語のテキスト カタカナ ภาษาไทย 한국어 © ™ 😀",
+     ["日", "本", "語", "の", "テキスト", "カタカナ", "ภาษาไทย", "한국어", "©", "™", "😀"],
+     ["日", "本", "語", "の", "テキスト", "カタカナ", "ภาษาไทย", "한국어", "©", "™", "😀"]),
+    ("To be, or not to be: that is the question.",
+     ["To", "be", "or", "not", "to", "be", "that", "is", "the", "question"], ["question"]),
+    ("The archaeology and anthology of possibly assembled assemblies",
+     ["The", "archaeology", "and", "anthology", "of", "possibly", "assembled", "assemblies"],
+     ["archaeolog", "antholog", "possibl", "assembl", "assembl"]),  # Porter's reference code: "logi"/"bli" rules
+    ("as us is ms 1s 2s flies dying agreed conditional relational hopping",
+     ["as", "us", "is", "ms", "1s", "2s", "flies", "dying", "agreed", "conditional", "relational", "hopping"],
+     ["us", "ms", "1s", "2s", "fli", "dy", "agre", "condit", "relat", "hop"]),  # 2-letter words are not stemmed
+]
+
+
+@pytest.mark.parametrize("text, tokens, words", LUCENE_ANALYZED)
+def test_english_analyzer_matches_lucene(text, tokens, words):
+    assert standard_tokenize(text) == tokens
+    assert english_analyze(text) == words
+
+
+def test_english_analyzer_parts():
+    assert len(LUCENE_STOP_WORDS) == 33 and {"the", "a", "of", "it", "with"} <= LUCENE_STOP_WORDS
+    assert "who" not in LUCENE_STOP_WORDS and "its" not in LUCENE_STOP_WORDS
+    assert english_analyze("Its") == ["it"]  # stop words go before stemming: "its" stems to "it", which stays
+    assert english_analyze("Paris's PARIS'S Paris’s Paris") == ["pari"] * 4  # possessive, lower-case, stem
+    assert english_analyze("it's 's") == ["s"]  # "it's" -> the stop word "it"; "'s" alone: "'" is no word, "s" is
+    assert java_lower("İSTANBUL") == "istanbul" != "İSTANBUL".lower()  # Java: one letter for one letter
+    assert java_lower("ΟΔΟΣ") == "οδοσ" != "ΟΔΟΣ".lower()  # no final sigma in Java's Character.toLowerCase
+    assert java_lower("Straße ÉTÉ") == "straße été"
+    assert standard_tokenize("x" * 600) == ["x" * 255, "x" * 255, "x" * 90]  # StandardTokenizer's maxTokenLength
+    assert english_analyze("") == english_analyze(" ?! -- ") == english_analyze("The of, and to!") == []
+    assert tokenize("Who founded X-Men's?") == ["who", "founded", "x", "men", "s"]  # the okapi ("words") analyzer
+
+
+def int_to_byte4(i: int) -> int:
+    """Lucene's SmallFloat.intToByte4, written out from its definition: values below NUM_FREE_VALUES = 24 stand for
+    themselves; above, longToInt4(i - 24) keeps 4 significant bits (3 stored, 1 implicit) and the bit shift + 1."""
+    if i < 24:
+        return i
+    i -= 24
+    num_bits = i.bit_length()
+    if num_bits < 4:
+        return 24 + i  # "subnormal"
+    shift = num_bits - 4
+    return 24 + (((i >> shift) & 0x07) | ((shift + 1) << 3))
+
+
+def byte4_to_int(byte: int) -> int:
+    """Lucene's SmallFloat.byte4ToInt (via int4ToLong)."""
+    if byte < 24:
+        return byte
+    i = byte - 24
+    bits, shift = i & 0x07, (i >> 3) - 1
+    return 24 + (bits if shift == -1 else (bits | 0x08) << shift)
+
+
+def test_lucene_doc_length_is_smallfloat():
+    """The passage length Lucene's BM25 sees is stored in one byte: exact below 24 (and up to 39), then 4 significant
+    bits of length - 24, rounded down."""
+    assert [lucene_doc_length(n) for n in (0, 1, 23, 24, 31, 39, 40, 41, 42, 43, 100, 1000)] == \
+        [0, 1, 23, 24, 31, 39, 40, 40, 42, 42, 96, 984]
+    for n in list(range(5000)) + [10**5 + 7, 10**6 + 3, 2**31 - 1]:
+        assert lucene_doc_length(n) == byte4_to_int(int_to_byte4(n)), n
+    assert int_to_byte4(2**31 - 1) == 255  # the longest passage still fits the byte
+
+
+# A corpus for the Lucene tests: TOY, a passage of 43 words whose one-byte length reads 42 (passage "h"), and one of
+# stop words only, which Lucene leaves out of N (passage "i").
+LUCENE_TOY = TOY + [
+    {"id": "h", "contents": '"Rhone (river)"\nThe Rhone\'s source is the Rhone Glacier in the Swiss canton of '
+                            'Valais. It flows through Lake Geneva, then Lyon, where the Saône joins it, and on through '
+                            'Avignon and Arles to the Mediterranean Sea; the river is 813 km long, and the U.S. has no '
+                            'river like it. Its delta, the Camargue, is a wetland of lagoons, marshes and salt pans, '
+                            'home to pink flamingos and white horses.'},
+    {"id": "i", "contents": "To be, or not to be: that is it."},
+]
+LUCENE_QUERIES = ["capital of France", "Paris", "Lyon Rhone", "city city city", "is the a", "Troy Helen Paris", "zebra",
+                  "Rhone's source glaciers", "rivers flowing through France", "U.S. 813 km", "Paris Paris capital"]
+LUCENE_TOY_HITS = {  # Lucene 8.7's hits on LUCENE_TOY, best first (ties by passage order), float32 scores in hex
+    "capital of France": [("a", "0x1.20a8bep+0"), ("c", "0x1.769ba6p-1"), ("b", "0x1.9db86ap-2"),
+                          ("g", "0x1.9db86ap-2"), ("d", "0x1.8d7282p-2")],
+    "Paris": [("a", "0x1.dcd8a8p-1"), ("f", "0x1.d6d5a8p-1")],
+    "Lyon Rhone": [("b", "0x1.197f9ep+0"), ("g", "0x1.197f9ep+0"), ("h", "0x1.74ac24p-1"), ("d", "0x1.fd8fe6p-2")],
+    "city city city": [("b", "0x1.a6cad0p+0"), ("g", "0x1.a6cad0p+0"), ("a", "0x1.9e4f7ap+0")],
+    "is the a": [],
+    "Troy Helen Paris": [("f", "0x1.9ac824p+1"), ("a", "0x1.dcd8a8p-1")],
+    "zebra": [],
+    "Rhone's source glaciers": [("h", "0x1.9a6800p+0"), ("d", "0x1.fd8fe6p-2"), ("b", "0x1.9db86ap-2"),
+                                ("g", "0x1.9db86ap-2")],
+    "rivers flowing through France": [("h", "0x1.113e06p+1"), ("d", "0x1.d29a3ep+0"), ("b", "0x1.9db86ap-2"),
+                                      ("g", "0x1.9db86ap-2"), ("a", "0x1.956bacp-2")],
+    "U.S. 813 km": [("h", "0x1.c863ccp+0")],
+    "Paris Paris capital": [("a", "0x1.4c133ep+1"), ("f", "0x1.d6d5a8p+0"), ("c", "0x1.769ba6p-1")],
+}
+LUCENE_TOY_HITS = {q: [(i, float.fromhex(x)) for i, x in hits] for q, hits in LUCENE_TOY_HITS.items()}
+
+
+def test_lucene_scores_are_lucene_8_7s_on_toy():
+    """Ids, order and float32 scores, bitwise, for every hit; the long passage "h" is scored with its one-byte length
+    (42, not 43) and N leaves out the stop-word passage "i" (without either, "h"'s scores change)."""
+    retriever = BM25Retriever(LUCENE_TOY)
+    assert (retriever.variant, retriever.analyzer, retriever.engine) == ("lucene", "english", "sparse")
+    for query, hits in zip(LUCENE_QUERIES, retriever.search(LUCENE_QUERIES, topk=20), strict=True):
+        assert [(h["document"]["id"], h["score"]) for h in hits] == LUCENE_TOY_HITS[query], query
+
+
+def test_lucene_hand_computed_scores():
+    """DEMO_CORPUS by hand: "capital of France" -> words capit, franc (each in 2 of the 5 passages, so idf = ln(1 +
+    3.5/2.5) = ln 2.4); passage lengths 4, 4, 6, 6, 3 words (avgdl 23/5); tf part tf / (tf + 0.9 * (0.6 + 0.4 * dl /
+    avgdl)), no (k1 + 1). "Paris Paris capital": pari is one term with boost 2 and tf 2 in "Paris"."""
+    idf = math.log(2.4)  # 0.87547
+    part = lambda tf, dl: tf / (tf + 0.9 * (0.6 + 0.4 * dl / 4.6))  # noqa: E731
+    retriever = BM25Retriever(DEMO_CORPUS)
+    assert [english_analyze(r["contents"]) for r in DEMO_CORPUS][0] == ["pari", "pari", "capit", "franc"]
+    hits = retriever.search(["capital of France", "Paris Paris capital"], topk=5)
+    expected = [[("0", 2 * idf * part(1, 4)), ("1", idf * part(1, 4)), ("2", idf * part(1, 6))],  # .94490 .47245 .43565
+                [("0", 2 * idf * part(2, 4) + idf * part(1, 4)), ("2", 2 * idf * part(1, 6)), ("1", idf * part(1, 4))]]
+    for got, want in zip(hits, expected, strict=True):
+        assert [h["document"]["id"] for h in got] == [i for i, _ in want]
+        assert [h["score"] for h in got] == pytest.approx([s for _, s in want], rel=1e-6)  # float32 rounding
+    assert hits[0][0]["score"] == pytest.approx(0.9448982, rel=1e-6)
+
+
+# --- a plain-Python Lucene BM25, written from BM25Similarity's formulas, passage by passage --------------------------
+
+
+def f32(x: float) -> float:
+    """x rounded to the nearest float32 (struct packs with round-half-even): applied after each float64 operation on
+    float32 inputs, it gives exactly Java's float result (float64 holds > 2 * 24 + 2 bits)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def brute_force_lucene_stats(corpus, analyze=english_analyze):
+    """Per-passage word counts and lengths, N (passages with a word), df and the float32 avgdl, with plain loops."""
+    docs = [analyze(row["contents"]) for row in corpus]
+    n = sum(1 for d in docs if d)
+    df = Counter(w for d in docs for w in set(d))
+    return [Counter(d) for d in docs], [len(d) for d in docs], n, df, f32(sum(map(len, docs)) / n)
+
+
+def brute_force_lucene(corpus, query, k1=0.9, b=0.4, stats=None, wrong=None):
+    """Scores [D] of Lucene's BM25Similarity in float32, one passage at a time: for each distinct query word w with
+    count c, idf = f32(ln(1 + (N - df + 0.5) / (df + 0.5))), weight = f32(c * idf), inv = 1 / (k1 * ((1 - b) + b *
+    L(dl) / avgdl)) in float32 steps, score = weight - weight / (1 + tf * inv); the words' scores summed in float64,
+    the sum rounded to float32. `wrong` swaps in a plausible mistake, to show the comparisons can fail."""
+    tfs, dls, n, df, avgdl = stats or brute_force_lucene_stats(corpus)
+    if wrong == "N counts every passage":
+        n = len(corpus)
+    k1, b = f32(k1), f32(b)
+    query_words = Counter(english_analyze(query))
+    scores = []
+    for tf_d, dl in zip(tfs, dls):
+        total = 0.0
+        for w, count in query_words.items():
+            tf = tf_d.get(w, 0)
+            if tf == 0:
+                continue
+            idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+            if wrong == "idf without the +1":
+                idf = math.log((n - df[w] + 0.5) / (df[w] + 0.5))
+            length = dl if wrong == "exact lengths" else byte4_to_int(int_to_byte4(dl))
+            if wrong == "float64":
+                inv = 1 / (k1 * ((1 - b) + b * length / avgdl))
+                total += count * idf - count * idf / (1 + tf * inv)
+                continue
+            inv = f32(1 / f32(k1 * f32(f32(1 - b) + f32(f32(b * length) / avgdl))))
+            if wrong == "repeats scored one by one":
+                s = f32(f32(idf) - f32(f32(idf) / f32(1 + f32(tf * inv))))
+                total += count * s
+                continue
+            weight = f32(count * f32(idf))
+            s = f32(weight - f32(weight / f32(1 + f32(tf * inv))))
+            if wrong == "(k1 + 1) factor":
+                s = f32(s * f32(k1 + 1))
+            total += s
+        scores.append(f32(total))
+    return scores
+
+
+def brute_force_lucene_topk(corpus, query, k, **kw):
+    scores = brute_force_lucene(corpus, query, **kw)
+    order = sorted(range(len(corpus)), key=lambda i: -scores[i])  # stable: ties keep passage order
+    return [(corpus[i]["id"], scores[i]) for i in order if scores[i] > 0][:k]
+
+
+def lucene_matches_reference(retriever, corpus, queries, k, stats, **kw) -> bool:
+    """Bitwise: the same hits (ids, order) with the same float32 scores, and the same full score vector [D]."""
+    for query, hits in zip(queries, retriever.search(queries, topk=k), strict=True):
+        if [(h["document"]["id"], h["score"]) for h in hits] != brute_force_lucene_topk(corpus, query, k,
+                                                                                      stats=stats, **kw):
+            return False
+        words = english_analyze(query)
+        if words and not np.array_equal(retriever.bm25.get_scores(words),
+                                        np.array(brute_force_lucene(corpus, query, stats=stats, **kw))):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("k1,b", [(0.9, 0.4), (1.2, 0.75)])
+def test_lucene_matches_plain_python_reference_toy(k1, b):
+    retriever = BM25Retriever(LUCENE_TOY, k1=k1, b=b)
+    stats = brute_force_lucene_stats(LUCENE_TOY)
+    for k in (1, 3, len(LUCENE_TOY)):
+        assert lucene_matches_reference(retriever, LUCENE_TOY, LUCENE_QUERIES, k, stats, k1=k1, b=b)
+    if (k1, b) == (0.9, 0.4):  # and the reference itself reproduces Lucene's scores
+        assert [brute_force_lucene_topk(LUCENE_TOY, q, 20, stats=stats) for q in LUCENE_QUERIES] == \
+            [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]
+
+
+@pytest.mark.parametrize("wrong", ["idf without the +1", "(k1 + 1) factor", "exact lengths", "N counts every passage",
+                                   "repeats scored one by one", "float64"])
+def test_lucene_reference_tells_wrong_formulas_apart(wrong):
+    """Each plausible mistake changes some hit or some score bit on LUCENE_TOY, so the comparisons above would catch
+    an engine that made it."""
+    retriever = BM25Retriever(LUCENE_TOY)
+    stats = brute_force_lucene_stats(LUCENE_TOY)
+    assert not lucene_matches_reference(retriever, LUCENE_TOY, LUCENE_QUERIES, len(LUCENE_TOY), stats, wrong=wrong)
+
+
+@pytest.fixture(scope="module")
+def real_lucene():
+    """(corpus, lucene retriever, plain-Python stats) over the real corpus; the corpus is analyzed once (~10 s)."""
+    corpus = load_corpus(DATA / "corpus.jsonl")
+    docs = [english_analyze(row["contents"]) for row in corpus]
+    retriever = BM25Retriever(corpus, index=SparseBM25.build(docs, variant="lucene"))
+    n, df = sum(1 for d in docs if d), Counter(w for d in docs for w in set(d))
+    return corpus, retriever, ([Counter(d) for d in docs], [len(d) for d in docs], n, df, f32(sum(map(len, docs)) / n))
+
+
+@needs_data
+def test_lucene_matches_plain_python_reference_real_corpus(real_lucene):
+    """40 real questions (every dataset): top-5 ids and float32 scores, and the full [13,823] score vector, bitwise."""
+    corpus, retriever, stats = real_lucene
+    assert stats[2] == len(corpus)  # every real passage has a word
+    assert lucene_matches_reference(retriever, corpus, real_questions(40), 5, stats)
+    assert not lucene_matches_reference(retriever, corpus, real_questions(2), 5, stats, wrong="exact lengths")
+
+
+@pytest.mark.parametrize("variant", BM25_VARIANTS)
+def test_variants_and_their_errors(variant):
+    retriever = BM25Retriever(TOY, bm25=variant)
+    assert retriever.analyzer == DEFAULT_ANALYZER[variant] and retriever.search(["Troy"], 3)[0][0]["document"] == \
+        {"id": "f", "contents": TOY[5]["contents"]}
+    assert retriever.search(["", "?!", "zebra"], 3) == [[], [], []]
+    with pytest.raises(ValueError, match=r"--bm25 must be one of lucene, okapi; got 'bm26'"):
+        BM25Retriever(TOY, bm25="bm26")
+    with pytest.raises(ValueError, match=r"analyzer must be one of english, words; got 'snowball'"):
+        BM25Retriever(TOY, bm25=variant, analyzer="snowball")
+    with pytest.raises(ValueError, match="no word tokens"):
+        BM25Retriever([{"id": "0", "contents": "?!"}], bm25=variant)
+    assert BM25Retriever(TOY, bm25="lucene").search(["is the a"], 3) == [[]]  # stop words only: no hits
+    with pytest.raises(ValueError, match="stop words"):
+        BM25Retriever([{"id": "0", "contents": "The, and a"}], bm25="lucene")  # words, but only stop words
+    with pytest.raises(ValueError, match="engine 'rank_bm25' scores only --bm25 okapi"):
+        BM25Retriever(TOY, bm25="lucene", engine="rank_bm25")
+    mixed = BM25Retriever(TOY, bm25="lucene", analyzer="words")  # the benchmark's middle row: Lucene on \w+ words
+    assert mixed.analyze("Paris's capitals") == ["paris", "s", "capitals"] and mixed.search(["capitals"], 3) == [[]]
+
+
+@needs_data
+def test_lucene_and_okapi_rank_the_real_corpus_differently(real_lucene):
+    """The variants are different retrievers (a check that --bm25 reaches the scoring): many top-3 lists differ."""
+    corpus, lucene, _ = real_lucene
+    okapi = BM25Retriever(corpus, bm25="okapi", engine="sparse")
+    queries = real_questions(30)
+    ids = lambda r: [[h["document"]["id"] for h in q] for q in r.search(queries, 3)]  # noqa: E731
+    assert sum(a != b for a, b in zip(ids(lucene), ids(okapi))) >= 10
+
+
+# --- Lucene itself, where it is installed (Debian: apt-get install default-jdk-headless liblucene8-java) -------------
+
+LUCENE_JARS = sorted(Path("/usr/share/java").glob("lucene-core-8*.jar")) + \
+    sorted(Path("/usr/share/java").glob("lucene-analyzers-common-8*.jar"))
+needs_lucene = pytest.mark.skipif(len(LUCENE_JARS) < 2 or not shutil.which("javac"),
+                                  reason="needs javac and Lucene 8's core and analyzers-common jars in /usr/share/java")
+
+LUCENE_JAVA = r"""
+import java.io.*;
+import java.nio.charset.StandardCharsets;
+import java.util.*;
+import org.apache.lucene.analysis.*;
+import org.apache.lucene.analysis.en.*;
+import org.apache.lucene.analysis.standard.StandardTokenizer;
+import org.apache.lucene.analysis.tokenattributes.CharTermAttribute;
+import org.apache.lucene.document.*;
+import org.apache.lucene.index.*;
+import org.apache.lucene.search.*;
+import org.apache.lucene.search.similarities.BM25Similarity;
+import org.apache.lucene.store.ByteBuffersDirectory;
+
+// java LuceneRef analyze TEXTS            -> per text, its words joined by spaces
+// java LuceneRef search CORPUS QUERIES K  -> per query, its top K as "passage:float32 bits in hex"
+// TEXTS, CORPUS, QUERIES: files of base64 UTF-8 texts, one a line.
+public class LuceneRef {
+  static Analyzer english() {  // Anserini's DefaultEnglishAnalyzer.newDefaultInstance(), pyserini's default
+    return new Analyzer() {
+      protected TokenStreamComponents createComponents(String field) {
+        Tokenizer source = new StandardTokenizer();
+        TokenStream result = new EnglishPossessiveFilter(source);
+        result = new LowerCaseFilter(result);
+        result = new StopFilter(result, EnglishAnalyzer.ENGLISH_STOP_WORDS_SET);
+        return new TokenStreamComponents(source, new PorterStemFilter(result));
+      }
+    };
+  }
+
+  static List<String> analyze(Analyzer analyzer, String text) throws IOException {
+    List<String> words = new ArrayList<>();
+    try (TokenStream ts = analyzer.tokenStream("contents", text)) {
+      CharTermAttribute term = ts.addAttribute(CharTermAttribute.class);
+      ts.reset();
+      while (ts.incrementToken()) words.add(term.toString());
+      ts.end();
+    }
+    return words;
+  }
+
+  static List<String> read(String path) throws IOException {
+    List<String> texts = new ArrayList<>();
+    for (String line : java.nio.file.Files.readAllLines(java.nio.file.Paths.get(path)))
+      texts.add(new String(Base64.getDecoder().decode(line), StandardCharsets.UTF_8));
+    return texts;
+  }
+
+  public static void main(String[] args) throws Exception {
+    PrintStream out = new PrintStream(new BufferedOutputStream(System.out), false, "UTF-8");
+    Analyzer analyzer = english();
+    if (args[0].equals("analyze")) {
+      for (String text : read(args[1])) out.println(String.join(" ", analyze(analyzer, text)));
+    } else {
+      BM25Similarity bm25 = new BM25Similarity(0.9f, 0.4f);  // Anserini's defaults
+      ByteBuffersDirectory dir = new ByteBuffersDirectory();
+      try (IndexWriter writer = new IndexWriter(dir, new IndexWriterConfig(analyzer).setSimilarity(bm25))) {
+        for (String text : read(args[1])) {
+          Document doc = new Document();
+          doc.add(new TextField("contents", text, Field.Store.NO));
+          writer.addDocument(doc);
+        }
+        writer.forceMerge(1);  // one segment: Lucene's doc ids are the passage numbers
+      }
+      IndexSearcher searcher = new IndexSearcher(DirectoryReader.open(dir));
+      searcher.setSimilarity(bm25);
+      for (String query : read(args[2])) {  // Anserini's BagOfWordsQueryGenerator: one clause per word, boost = count
+        Map<String, Integer> counts = new LinkedHashMap<>();
+        for (String word : analyze(analyzer, query)) counts.merge(word, 1, Integer::sum);
+        BooleanQuery.Builder bool = new BooleanQuery.Builder();
+        for (Map.Entry<String, Integer> e : counts.entrySet())
+          bool.add(new BoostQuery(new TermQuery(new Term("contents", e.getKey())), (float) e.getValue()),
+                   BooleanClause.Occur.SHOULD);
+        StringJoiner hits = new StringJoiner(" ");
+        if (!counts.isEmpty())
+          for (ScoreDoc hit : searcher.search(bool.build(), Integer.parseInt(args[3])).scoreDocs)
+            hits.add(hit.doc + ":" + Integer.toHexString(Float.floatToIntBits(hit.score)));
+        out.println(hits);
+      }
+    }
+    out.flush();
+  }
+}
+"""
+
+
+def run_lucene(tmp_path, *args: str) -> list[str]:
+    """Compile LUCENE_JAVA once into tmp_path and run it; its output lines."""
+    classpath = ":".join(map(str, LUCENE_JARS)) + f":{tmp_path}"
+    if not (tmp_path / "LuceneRef.class").exists():
+        (tmp_path / "LuceneRef.java").write_text(LUCENE_JAVA, encoding="utf-8")
+        subprocess.run(["javac", "-cp", classpath, "-d", str(tmp_path), str(tmp_path / "LuceneRef.java")], check=True,
+                       capture_output=True, timeout=120)
+    out = subprocess.run(["java", "-cp", classpath, "LuceneRef", *args], check=True, capture_output=True, timeout=600)
+    return out.stdout.decode("utf-8").split("\n")[:-1]
+
+
+def base64_lines(path: Path, texts: list[str]) -> str:
+    path.write_text("".join(base64.b64encode(t.encode("utf-8")).decode("ascii") + "\n" for t in texts))
+    return str(path)
+
+
+@needs_lucene
+def test_lucene_itself_on_toy(tmp_path):
+    """LUCENE_ANALYZED and LUCENE_TOY_HITS are what this Lucene prints (so they can be regenerated)."""
+    texts = [text for text, _, _ in LUCENE_ANALYZED]
+    words = run_lucene(tmp_path, "analyze", base64_lines(tmp_path / "t.b64", texts))
+    assert [line.split(" ") if line else [] for line in words] == [w for _, _, w in LUCENE_ANALYZED]
+    lines = run_lucene(tmp_path, "search", base64_lines(tmp_path / "c.b64", [r["contents"] for r in LUCENE_TOY]),
+                       base64_lines(tmp_path / "q.b64", LUCENE_QUERIES), "20")
+    hits = [[(LUCENE_TOY[int(h.split(":")[0])]["id"], struct.unpack(">f", bytes.fromhex(h.split(":")[1].zfill(8)))[0])
+             for h in line.split()] for line in lines]
+    assert hits == [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]
+
+
+@needs_lucene
+@needs_data
+def test_lucene_itself_on_the_real_corpus(tmp_path, real_lucene):
+    """On the 13,823 real passages and the 877 questions: (1) our English analyzer gives Lucene 8.7's words for every
+    text but those with the music signs ♭ ♮ ♯, which Lucene 8.7 makes words of (departure 1); (2) fed Lucene's own
+    words, our engine gives Lucene's top-10 bitwise (ids, order, float32 scores); (3) end to end, with our words,
+    every question's top-3 ids are Lucene's."""
+    corpus, ours, _ = real_lucene
+    questions = real_questions(10_000)
+    texts = [r["contents"] for r in corpus] + questions
+    lucene_words = [line.split(" ") if line else [] for line in
+                    run_lucene(tmp_path, "analyze", base64_lines(tmp_path / "t.b64", texts))]
+    differ = [i for i, (text, words) in enumerate(zip(texts, lucene_words)) if english_analyze(text) != words]
+    assert len(differ) <= 7
+    for i in differ:
+        assert english_analyze(texts[i]) == [w for w in lucene_words[i] if w not in ("♭", "♮", "♯")]
+
+    lines = run_lucene(tmp_path, "search", base64_lines(tmp_path / "c.b64", texts[:len(corpus)]),
+                       base64_lines(tmp_path / "q.b64", questions), "10")
+    lucene_hits = [[(h.split(":")[0], struct.unpack(">f", bytes.fromhex(h.split(":")[1].zfill(8)))[0])
+                    for h in line.split()] for line in lines]
+    fed = SparseBM25.build(lucene_words[:len(corpus)], variant="lucene")
+    for words, hits in zip(lucene_words[len(corpus):], lucene_hits, strict=True):
+        scores = fed.get_scores(words)
+        assert [(str(i), float(scores[i])) for i in top_k(scores, 10)] == hits
+    ours_top3 = [[h["document"]["id"] for h in q] for q in ours.search(questions, 3)]
+    assert ours_top3 == [[i for i, _ in hits[:3]] for hits in lucene_hits]
 
 
 # --- the on-disk index cache -----------------------------------------------------------------------------------------
 
 
-def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch):
+@pytest.fixture
+def cache_small(monkeypatch):
+    """Cache the indexes of corpora of any size (the default caches only above CACHE_ABOVE passages)."""
+    monkeypatch.setattr(retriever_module, "CACHE_ABOVE", 0)
+
+
+def test_small_corpora_are_not_cached(tmp_path):
+    """Toy and test corpora build in milliseconds: no index file is written for them (none piles up in ~/.cache)."""
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    for variant in BM25_VARIANTS:
+        BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=tmp_path / "cache", bm25=variant)
+    assert len(TOY) <= retriever_module.CACHE_ABOVE and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("variant", BM25_VARIANTS)
+def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant, cache_small):
     path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
-    first = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # miss: built, then written
+    first = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)  # miss: built, written
     files = list(cache.glob("*.npz"))
-    assert [f.name for f in files] == [index_cache_file(path, 0.9, 0.4, cache).name]
+    assert [f.name for f in files] == [index_cache_file(path, 0.9, 0.4, cache, variant, DEFAULT_ANALYZER[variant]).name]
     assert not list(cache.glob("*.tmp"))  # written atomically: no temp file left behind
 
     builds = []
     real_build = SparseBM25.build
     monkeypatch.setattr(SparseBM25, "build", lambda *a, **kw: builds.append(1) or real_build(*a, **kw))
-    second = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # hit: nothing rebuilt
+    second = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)  # hit: nothing rebuilt
     assert builds == [] and second.search(["France capital"], 5) == first.search(["France capital"], 5)
 
-    BM25Retriever.from_jsonl(path, k1=1.2, engine="sparse", cache_dir=cache)  # other BM25 parameters: miss
+    BM25Retriever.from_jsonl(path, k1=1.2, engine="sparse", cache_dir=cache, bm25=variant)  # other parameters: miss
     assert builds == [1]
     write_lines(path, [json.dumps(r) for r in TOY] + ['{"id": "h", "contents": "Zebras live in Kenya."}'])
-    third = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)  # the corpus changed: miss
+    third = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)  # the corpus changed: miss
     assert builds == [1, 1] and third.search(["zebras"], 3)[0][0]["document"]["id"] == "h"
     assert len(list(cache.glob("*.npz"))) == 1  # the stale indexes of this corpus file were removed
 
     next(cache.glob("*.npz")).write_bytes(b"not an npz")  # a damaged cache file: warn and rebuild
-    fourth = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
+    fourth = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)
     assert builds == [1, 1, 1] and fourth.search(["zebras"], 3) == third.search(["zebras"], 3)
-    BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
+    BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)
     assert builds == [1, 1, 1]  # ... and the rebuilt file is used again
 
-    BM25Retriever.from_jsonl(path, cache_dir=tmp_path / "auto")  # a small corpus: rank_bm25, nothing cached
-    assert not (tmp_path / "auto").exists()
+    BM25Retriever.from_jsonl(path, cache_dir=tmp_path / "auto", bm25=variant)  # engine "auto" on a small corpus:
+    assert (tmp_path / "auto").exists() == (variant == "lucene")  # okapi runs rank_bm25, uncached; lucene is sparse
+
+
+def test_index_cache_keeps_one_index_per_variant_and_analyzer(tmp_path, monkeypatch, cache_small):
+    """The key holds the variant and the analyzer: each combination gets its own file, none evicts another, and each
+    is read back as itself."""
+    path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in LUCENE_TOY]), tmp_path / "cache"
+    combos = [("lucene", None), ("okapi", None), ("lucene", "words"), ("okapi", "english")]
+    built = [BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=v, analyzer=a) for v, a in combos]
+    names = {index_cache_file(path, 0.9, 0.4, cache, r.variant, r.analyzer).name for r in built}
+    assert len(names) == 4 and {f.name for f in cache.glob("*.npz")} == names
+    monkeypatch.setattr(SparseBM25, "build", lambda *a, **kw: pytest.fail("rebuilt an index that is cached"))
+    for (variant, analyzer), first in zip(combos, built):
+        again = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant, analyzer=analyzer)
+        assert (again.variant, again.analyzer, again.bm25.variant) == (first.variant, first.analyzer, variant)
+        assert again.search(LUCENE_QUERIES, 20) == first.search(LUCENE_QUERIES, 20)
+    lucene, okapi = built[0].search(["Paris"], 3)[0], built[1].search(["Paris"], 3)[0]
+    assert [h["score"] for h in lucene] != [h["score"] for h in okapi]  # really two different scorings
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "bit flip"])
-def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damage):
+def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damage, cache_small):
     """A cache file cut short by a killed run or a full disk (zipfile.BadZipFile), emptied (EOFError) or with a flipped
     bit (the zip's CRC: BadZipFile) is rebuilt with a one-line warning, and the rebuilt file is then read back."""
     path, cache = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY]), tmp_path / "cache"
     expected = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache).search(["France capital", "Troy"], 5)
-    file = index_cache_file(path, 0.9, 0.4, cache)
+    file = index_cache_file(path, 0.9, 0.4, cache, "lucene", "english")  # the defaults
     data = file.read_bytes()
     file.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
                       "bit flip": data[:200] + bytes([data[200] ^ 4]) + data[201:]}[damage])
@@ -440,7 +913,8 @@ def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damag
 
 @pytest.fixture
 def server():
-    """A `make_server` over TOY (sparse engine) on 127.0.0.1 and a free port, in a thread; shut down afterwards."""
+    """A `make_server` over TOY (default lucene scoring, sparse engine) on 127.0.0.1 and a free port, in a thread;
+    shut down afterwards."""
     srv = make_server(BM25Retriever(TOY, engine="sparse"), "127.0.0.1", 0)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -461,7 +935,7 @@ def post(url, body):
 
 
 def test_server_round_trip_matches_in_process(server):
-    local = BM25Retriever(TOY)  # the rank_bm25 reference, in process
+    local = BM25Retriever(TOY)  # the same default scoring (lucene), in process
     remote = RemoteRetriever(server)  # a bare host:port gets /retrieve
     queries = ["France capital city", "Troy", "", "zebra", "Lyon Rhone", "Paris Paris"]
     assert remote.url == server + "/retrieve"
@@ -634,7 +1108,9 @@ def test_make_retriever_passes_its_timeout_on(monkeypatch, tmp_path):
 def test_make_retriever_local_and_remote(server, tmp_path):
     path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
     local = make_retriever(path)
-    assert isinstance(local, BM25Retriever) and str(local) == "7 passages (BM25, rank_bm25)"
+    assert isinstance(local, BM25Retriever)
+    assert str(local) == "7 passages (BM25 lucene, english analyzer, sparse engine)"
+    assert str(make_retriever(path, bm25="okapi")) == "7 passages (BM25 okapi, words analyzer, rank_bm25 engine)"
     remote = make_retriever(path, server + "/retrieve")
     assert isinstance(remote, RemoteRetriever) and remote(["Troy"]) == local(["Troy"])
 
@@ -646,3 +1122,38 @@ def test_serve_cli_bad_corpus_is_one_line():
     out = subprocess.run([sys.executable, "retriever.py", "serve", "--corpus", "/nope.jsonl", "--backlog", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--backlog must be >= 1, got 0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bm25_flag_in_every_entry_point(tmp_path):
+    """--bm25 in retriever.py (demo, search, serve), train.py and evaluate.py: a bad value is one line naming the flag
+    and the choices; both variants run, and `serve --bm25 okapi` answers as BM25Retriever(bm25="okapi") does."""
+    def cli(*args):
+        return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    for args in (["retriever.py", "--bm25", "bm26"], ["retriever.py", "serve", "--corpus", "c", "--bm25", "bm26"],
+                 ["evaluate.py", "--model", "m", "--bm25", "bm26"]):
+        out = cli(*args)
+        assert out.returncode == 2 and re.search(r"argument --bm25: invalid choice: .bm26.", out.stderr), out.stderr
+        assert "lucene" in out.stderr and "okapi" in out.stderr and "Traceback" not in out.stderr
+    out = cli("train.py", "--bm25", "bm26")
+    assert out.returncode == 2 and "--bm25 must be one of ('lucene', 'okapi'), got 'bm26'" in out.stderr, out.stderr
+    out = cli("retriever.py", "--engine", "rank_bm25")  # rank-bm25 has no Lucene scoring
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "error: engine 'rank_bm25' scores only --bm25 okapi (rank-bm25 has no Lucene BM25); use engine 'sparse' or "
+        "'auto' for --bm25 lucene"]
+    assert "\n0 0.9449\n1 0.4724\n2 0.4357\n" in cli("retriever.py").stdout  # the demo's comments, both variants
+    assert "\n0 1.0247\n1 0.6832\n2 0.3251\n" in cli("retriever.py", "--bm25", "okapi").stdout
+
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", str(path), "--port", "0", "--bm25",
+                               "okapi", "--engine", "rank_bm25"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving 7 passages (BM25 okapi, words analyzer, rank_bm25 engine) at "), line
+        queries = ["France capital city", "Paris Paris", "is the a"]
+        expected = BM25Retriever(TOY, bm25="okapi").search(queries, 5)
+        assert RemoteRetriever(line.split(" at ")[-1].strip()).search(queries, 5) == expected
+        assert expected != BM25Retriever(TOY).search(queries, 5)  # the flag did reach the server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
