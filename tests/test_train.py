@@ -529,3 +529,18 @@ def test_max_obs_tokens_too_small_for_the_tags_is_a_start_up_error(files):
     with pytest.raises(SystemExit, match="--max-obs-tokens 3 is too small: max_obs_tokens=3 cannot hold the "
                                          "<information> tags"):
         train_in_process(files, files["dir"] / "obs_small", "--steps", "1", "--max-obs-tokens", "3")
+
+
+def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch):
+    import train
+
+    seen = {}
+
+    def fake(corpus, url="", **kw):
+        seen.update(kw, corpus=corpus, url=url)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(train, "make_retriever", fake)
+    with pytest.raises(SystemExit, match="stop here"):
+        train_in_process(files, files["dir"] / "bm25_flag", "--bm25", "okapi", "--retriever-timeout", "7")
+    assert seen["bm25"] == "okapi" and seen["timeout"] == 7.0 and seen["corpus"] == files["corpus"]
