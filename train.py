@@ -271,21 +271,54 @@ def setup_dist(fsdp: bool, device: str) -> tuple[int, int, str]:
         if cuda:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
+        import atexit
+
+        # Before the group exists: fsdp imports torch.distributed.nn.functional, whose 10 functions have the default
+        # argument group=group.WORLD, evaluated at import; imported after, they would hold the group to the end.
+        import torch.distributed.fsdp as _fsdp  # noqa: F401  (as: `import torch...` here would make torch a local)
+
         dist.init_process_group("nccl" if cuda else "gloo")
+        atexit.register(_release_process_group)
     return rank, world, device
+
+
+_MESHES = []  # the device meshes shard() made; each holds the process group (DeviceMesh._pg_registry)
+
+
+def _release_process_group():
+    """At exit (atexit, registered by setup_dist; before interpreter finalisation starts), after the program's
+    destroy_process_group(): drop the group's last references, so that it is really destroyed and its threads joined.
+
+    destroy_process_group() does not stop a group that something still references, and FSDP2's meshes do (DTensor's
+    sharding caches keep them): gloo's worker threads (pt_gloo_runloop) then live on into finalisation. Such a thread
+    releases a finished collective's tensors after the rank went on, which takes the GIL; once finalisation has begun,
+    Python ends the thread there, inside a noexcept destructor: std::terminate ("terminate called without an active
+    exception"), SIGABRT. Destroying the group joins them first (without holding the GIL). While the group is still
+    initialised (the program ended by an exception) nothing is done: that path is as it was."""
+    if dist.is_initialized():
+        return
+    import gc
+
+    for mesh in _MESHES:
+        getattr(mesh, "_pg_registry", {}).clear()  # (a mesh without one holds no group)
+    _MESHES.clear()
+    gc.collect()  # the sharded modules the program dropped are cycles, and their FSDP state holds the group too
 
 
 def shard(model):
     """FSDP2: fully_shard each decoder layer, then the root (pytorch/examples FSDP2). On GPU parameters stay fp32
     shards and compute in bf16 with fp32 gradient reduction. Gradients are *summed* over ranks (divide factor 1):
     our losses are already normalised by the global token count, so averaging would divide by the world size twice."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     on_gpu = next(model.parameters()).is_cuda
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else MixedPrecisionPolicy()
+    mesh = init_device_mesh("cuda" if on_gpu else "cpu", (dist.get_world_size(),))  # FSDP2's default; released at exit
+    _MESHES.append(mesh)
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)

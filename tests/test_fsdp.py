@@ -2,8 +2,10 @@
 train.py run that saves, resumes exactly and leaves a checkpoint evaluate.py can load (issue 5)."""
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,20 @@ from tiny import save_tiny  # noqa: E402
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-def torchrun(*cmd, cwd=ROOT):
-    r = subprocess.run([*TORCHRUN, *cmd], cwd=cwd, capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+def torchrun(*cmd, logs: Path, cwd=ROOT):
+    """torchrun CMD on 2 ranks; each rank's stdout/stderr is kept in LOGS/<run>/attempt_0/<rank>/ (and tee'd to r.stdout,
+    r.stderr with [default<rank>]: prefixes). On failure the assertion shows every rank's own stderr and error.json, so a
+    rank that aborts (SIGABRT: no Python traceback, only C++'s 'terminate called ...' and faulthandler's thread dump)
+    says why, which torchrun's summary and the interleaved tail of its console do not."""
+    logs.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="torchrun_", dir=logs))  # this run's logs only
+    r = subprocess.run([*TORCHRUN, "--log-dir", str(logs), "--tee", "3", *cmd], cwd=cwd, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    if r.returncode != 0:
+        per_rank = "".join(f"\n----- {f.relative_to(logs)} (last 3000 characters) -----\n{f.read_text(errors='replace')[-3000:]}"
+                           for f in sorted(logs.glob("*/attempt_*/*/*")) if f.name in ("stderr.log", "error.json"))
+        raise AssertionError(f"torchrun exited {r.returncode}\n----- torchrun stderr (last 3000 characters) -----\n"
+                             f"{r.stderr[-3000:]}{per_rank}")
     return r
 
 
@@ -48,7 +60,7 @@ def single():
 def test_fsdp_two_ranks_match_one_process(single, tmp_path):
     """2 gloo ranks with FSDP2, each holding half of every mini-batch: the same losses, LLDS terms, grad norms and
     weights after 2 rollout steps x 2 optimizer steps as one process (1e-5), and the weights really moved."""
-    torchrun("tests/fsdp_update.py", str(tmp_path / "two.json"), "--fsdp")
+    torchrun("tests/fsdp_update.py", str(tmp_path / "two.json"), "--fsdp", logs=tmp_path / "logs")
     two = json.loads((tmp_path / "two.json").read_text())
     assert_same(single, two, 1e-5)
     m = single[1]["metrics"][1]
@@ -74,11 +86,12 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
     model = save_tiny(tmp_path / "model")
     base = ["train.py", "--fsdp", "--model", model, "--train-data", str(tmp_path / "q.jsonl"), "--corpus",
             str(tmp_path / "c.jsonl"), "--kl-coef", "0.01", "--llds", "0.1", "--warmup-ratio", "0", *SMALL]
-    r = torchrun(*base, "--steps", "3", "--out-dir", str(tmp_path / "full"))
+    r = torchrun(*base, "--steps", "3", "--out-dir", str(tmp_path / "full"), logs=tmp_path / "logs")
     assert r.stdout.count("step 1 |") == 1  # rank 0 prints, rank 1 does not
     off = ["--ref-offload"]  # the interrupted run reads the reference from disk (rank 0 writes it): no number changes
-    torchrun(*base, *off, "--steps", "2", "--out-dir", str(tmp_path / "cut"))
-    torchrun(*base, *off, "--steps", "3", "--out-dir", str(tmp_path / "cut"), "--resume", str(tmp_path / "cut"))
+    torchrun(*base, *off, "--steps", "2", "--out-dir", str(tmp_path / "cut"), logs=tmp_path / "logs")
+    torchrun(*base, *off, "--steps", "3", "--out-dir", str(tmp_path / "cut"), "--resume", str(tmp_path / "cut"),
+             logs=tmp_path / "logs")
     assert not (tmp_path / "cut" / ".ref").exists()
     full, cut = [[json.loads(s) for s in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
                  for d in ("full", "cut")]
