@@ -224,6 +224,16 @@ def resume_note(out_dir: Path) -> str:
 
 
 @contextlib.contextmanager
+def io_errors_stop_the_run(out_dir: Path):
+    """An OSError during the run (disk full or read-only, a retrieval server that stopped answering) ends it with one
+    line saying what failed and where --resume continues from, not a traceback. Nothing already saved is touched."""
+    try:
+        yield
+    except OSError as err:
+        raise SystemExit(f"error: {err}. {resume_note(out_dir)}") from None
+
+
+@contextlib.contextmanager
 def stop_requests(say=print, distributed: bool = False):
     """While active, SIGINT (Ctrl-C) and SIGTERM do not kill the run: they are recorded in the yielded list, and the
     training loop saves and stops at the end of the step in progress. A second Ctrl-C in one process stops at once

@@ -47,32 +47,6 @@ Run `python grpo.py` for a demo on toy tensors.
 import torch
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Log-probs and entropy from logits (used by train.py for the old, ref and current policy alike)
-
-
-def logp_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Per-token log pi(target) under the sampling temperature.
-
-    logits: [B, T, V] (the logits that predict `targets`), targets: [B, T] long -> [B, T] float32, in nats.
-    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (PITFALLS P17);
-    dividing log-probs instead gives a ratio != 1 on-policy. Computed in float32 even for bf16 logits.
-    """
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
-    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
-
-
-def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
-    """(logp [B, T], entropy [B, T]) from one log_softmax, for the update pass that needs both.
-
-    Entropy of the temperature-scaled next-token distribution, H = -sum_v p_v log p_v, in nats. Sharing the
-    log_softmax saves a [B, T, V] copy, the memory peak of the update.
-    """
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Advantages (paper Eq. 1, code compute_grpo_outcome_advantage)
 
 
@@ -279,6 +253,14 @@ def grpo_loss(
         loss = loss + kl_coef * kl  # P8: + (Search-R1 once subtracted it)
         metrics["grpo/kl"] = kl.item()
     return loss, metrics
+
+
+# How train.update combines each metric of grpo_loss over the micro-batches (and ranks) of one optimizer mini-batch:
+# "sum" for terms already divided by the mini-batch's totals (their micro-batch parts add up), "mean" for averages over
+# the micro-batch's own tokens (weighted by its share of the mini-batch's tokens), "max" for maxima. A metric missing
+# here stops train.update with an error, so a new one cannot be combined the wrong way silently.
+REDUCE = {"grpo/pg_loss": "sum", "grpo/kl": "sum", "grpo/clip_frac": "mean", "grpo/ppo_kl": "mean",
+          "grpo/ratio_mean": "mean", "grpo/entropy": "mean", "grpo/ratio_max": "max"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

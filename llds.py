@@ -190,6 +190,12 @@ def llds_loss(
     return loss, metrics
 
 
+# How train.update combines each llds_loss metric over micro-batches and ranks (as grpo.REDUCE): "sum" for values
+# divided by the mini-batch's totals (num_tokens, num_pre), "mean" for averages over the micro-batch's own tokens.
+REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/gate_rate": "mean", "llds/delta_mean": "mean",
+          "llds/frac_tokens": "mean"}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # LLDS-MA: the answer span's weight beta (v2 Eq. 5, App. B.2.1; dp_actor.py:359-371)
 

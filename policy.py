@@ -1,10 +1,19 @@
-"""Load the policy: a causal LM and its tokenizer, from a hub id, a local folder or a .gguf file, or one clear error.
+"""The policy pi_theta: log-probs of the response tokens, exactly as they were sampled.
 
-transformers loads what it is given with little checking: a folder without tokenizer files gives an empty tokenizer
-(generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in safetensors' Rust
-code, and an unreachable hub costs ~50 s of retries and an 80-line traceback. load_policy checks a local folder before
-loading it, tries the local hub cache before the network, and raises one line that names the flag, the file and the
-fix.
+A trajectory's loss (grpo.py, llds.py) needs logp [B, T], the log-probability of each response token under the policy
+that is being trained, and the same quantity under the policy that sampled it (old_logp) and under the frozen
+reference (ref_logp). They are comparable only if all three are computed as the sampler computed them: the same
+temperature on the logits (P17), the same ids the sampler could emit (P16), the same positions for left-padded
+prompts, dropout off (P18). This file loads the model (load_policy, load_reference), batches trajectories (collate)
+and computes those log-probs: response_logp is the memory-lean version train.py uses (only the response positions'
+logits, chunked log-softmax, recomputed in backward), response_logp_plain the obvious one it must agree with
+(tests/test_policy.py).
+
+Loading: transformers loads what it is given with little checking: a folder without tokenizer files gives an empty
+tokenizer (generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in
+safetensors' Rust code, and an unreachable hub costs ~50 s of retries and an 80-line traceback. load_policy checks a
+local folder before loading it, tries the local hub cache before the network, and raises one line that names the
+flag, the file and the fix.
 
     python policy.py MODEL        # check and load MODEL, print what it is
 """
@@ -14,6 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as activation_checkpoint  # recompute in backward
 
 import checkpoint
 
@@ -158,6 +169,144 @@ def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer, device
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Log-probs and entropy from logits (used by train.py for the old, ref and current policy alike)
+
+
+def logp_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log pi(target) under the sampling temperature.
+
+    logits: [B, T, V] (the logits that predict `targets`), targets: [B, T] long -> [B, T] float32, in nats.
+    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (PITFALLS P17);
+    dividing log-probs instead gives a ratio != 1 on-policy. Computed in float32 even for bf16 logits.
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+
+
+def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
+    """(logp [B, T], entropy [B, T]) from one log_softmax, for the update pass that needs both.
+
+    Entropy of the temperature-scaled next-token distribution, H = -sum_v p_v log p_v, in nats. Sharing the
+    log_softmax saves a [B, T, V] copy, the memory peak of the update.
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Gradient checkpointing
+
+
+def enable_grad_ckpt(model):
+    """Checkpoint each decoder layer with torch's non-reentrant checkpoint, whenever gradients are on.
+
+    NOTE(departure): not model.gradient_checkpointing_enable(): HF checkpoints only in train mode, and the policy
+    stays in eval mode (P18), where that call silently does nothing.
+    """
+    for layer in model.model.layers:
+        def forward(*a, _f=layer.forward, **kw):
+            return activation_checkpoint(_f, *a, use_reentrant=False, **kw) if torch.is_grad_enabled() else _f(*a, **kw)
+        layer.forward = forward
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Batching trajectories and computing log-probs
+
+
+def collate(episodes, pad_id: int) -> dict:
+    """Left-pad prompts to P, right-pad responses to T: input_ids [B, P+T]; masks built by position, never by pad value.
+
+    Returns input_ids, attention_mask, position_ids [B, P+T] and loss_mask, answer_mask [B, T] (float).
+    """
+    P = max(len(e.prompt_ids) for e in episodes)
+    T = max(max(len(e.response_ids) for e in episodes), 1)
+    ids, attn, loss_mask, ans = [], [], [], []
+    for e in episodes:
+        lp, lr = len(e.prompt_ids), len(e.response_ids)
+        ids.append([pad_id] * (P - lp) + e.prompt_ids + e.response_ids + [pad_id] * (T - lr))
+        # NOTE(departure): masks by position (lengths), never `ids != pad`, which erases EOS when pad == eos (P9)
+        attn.append([0] * (P - lp) + [1] * (lp + lr) + [0] * (T - lr))
+        loss_mask.append(e.loss_mask + [0] * (T - lr))
+        ans.append(e.answer_mask + [0] * (T - lr))
+    attention_mask = torch.tensor(attn)  # [B, P+T]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+T] as generate() numbered left-padded rows
+    return {"input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids,
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.float32), "answer_mask": torch.tensor(ans, dtype=torch.float32)}
+
+
+def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=False):
+    """logp [b, T] (and entropy [b, T]) of the response tokens for batch rows `rows`, under the sampling temperature.
+
+    The columns that are padding in every one of these rows are cut first (a micro-batch of short trajectories does not
+    pay for the batch's longest; positions come from position_ids, so nothing moves), and the result is zero-padded back
+    to [b, T]. Only the logits of positions that predict response tokens are materialised (logits_to_keep). Logits of
+    ids the tokenizer does not have are dropped, as the sampler suppressed them (P16), so old, ref and current
+    log-probs are of the sampling policy.
+    """
+    dev = next(model.parameters()).device
+    L, T = batch["input_ids"].shape[1], batch["loss_mask"].shape[1]
+    used = batch["attention_mask"][rows].any(0)  # [L] columns that are a real token in some row
+    left = int(used[: L - T].int().argmax())  # first prompt column some row uses (prompts are left-padded)
+    t = int(used[L - T:].nonzero().max()) + 1 if used[L - T:].any() else 1  # last response column in use, plus one
+    cols = slice(left, L - T + t)  # drop all-padding prompt columns on the left, response columns on the right
+    cut = lambda k: batch[k][rows, cols].to(dev)  # noqa: E731
+    P = L - T - left  # prompt columns kept
+    out = model(input_ids=cut("input_ids"), attention_mask=cut("attention_mask"), position_ids=cut("position_ids"),
+                logits_to_keep=torch.arange(P - 1, P + t - 1), use_cache=False)
+    logits = out.logits[..., :vocab_size]  # [b, t, V] position j predicts response token j
+    targets = cut("input_ids")[:, P:]  # [b, t]
+    chunks = list(zip(logits.split(64, 1), targets.split(64, 1)))  # no [b, t, V] fp32 log-softmax held whole
+    if with_entropy:  # each chunk recomputed in backward; split: one gradient buffer, not one per slice
+        parts = [activation_checkpoint(logp_and_entropy_from_logits, lg, tg, temperature, use_reentrant=False)
+                 for lg, tg in chunks]
+        logp, entropy = torch.cat([lp for lp, _ in parts], 1), torch.cat([h for _, h in parts], 1)
+        return F.pad(logp, (0, T - t)), F.pad(entropy, (0, T - t))  # [b, T], [b, T]
+    logp = torch.cat([logp_from_logits(lg, tg, temperature) for lg, tg in chunks], 1)  # [b, t]
+    return F.pad(logp, (0, T - t)), None
+
+
+def response_logp_plain(model, batch, rows, temperature, vocab_size) -> torch.Tensor:
+    """The same logp [b, T] as response_logp, computed the obvious way: the full forward's logits at every position,
+    one log-softmax, the response columns picked out (and zeroed where loss_mask and padding say nothing is there).
+    For tests and for reading; response_logp is what training runs (it keeps ~T/(P+T) of the logits)."""
+    dev = next(model.parameters()).device
+    b = {k: v[rows].to(dev) for k, v in batch.items()}
+    T = b["loss_mask"].shape[1]
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                   use_cache=False).logits[..., :vocab_size]  # [b, P+T, V]
+    logp = logp_from_logits(logits[:, -T - 1:-1], b["input_ids"][:, -T:], temperature)  # [b, T] position j-1 -> j
+    return logp * b["attention_mask"][:, -T:]  # padding columns are 0, as response_logp leaves them
+
+
+@torch.no_grad()
+def batch_logp(model, batch, micro_batch_size, temperature, vocab_size) -> torch.Tensor:
+    """No-grad logp [B, T] over the whole rollout batch, in the same micro-batches the update will use."""
+    B = batch["input_ids"].shape[0]
+    return torch.cat([response_logp(model, batch, slice(i, i + micro_batch_size), temperature, vocab_size)[0].cpu()
+                      for i in range(0, B, micro_batch_size)])
+
+
+def load_reference(args_model: str, dtype: str, device: str, offload_dir: Path | None = None):
+    """The frozen reference policy pi_ref (the initial --model, also when resuming) for the KL term, no gradients.
+
+    offload_dir: keep it on disk instead (written once in `dtype` by save_reference) and read it back for each step's
+    reference pass; the caller drops it before the update, so its memory is free at the update's peak."""
+    ref = load_policy(str(offload_dir) if offload_dir else args_model, dtype, device)[0]
+    return ref.requires_grad_(False)
+
+
+def save_reference(args_model: str, dtype: str, tokenizer, offload_dir: Path):
+    """Write the reference once to offload_dir in `dtype`: reading it back each step is a plain memory map, while
+    reading --model each step would convert it from its dtype and map the whole file too (+3.6 GiB for 0.6B)."""
+    import shutil
+
+    shutil.rmtree(offload_dir, ignore_errors=True)
+    load_policy(args_model, dtype, "cpu")[0].save_pretrained(offload_dir)
+    tokenizer.save_pretrained(offload_dir)
 
 
 if __name__ == "__main__":

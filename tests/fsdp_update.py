@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import fsdp  # noqa: E402
+import policy  # noqa: E402
 import train  # noqa: E402
 from grpo import group_advantages  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
@@ -46,14 +48,14 @@ def episodes(step):
 
 def two_steps(fsdp: bool = False, micro_batch_size: int = 2) -> list[dict]:
     """Run the two steps; returns (on rank 0) one record per step: metrics per mini-batch, grad norms, weights."""
-    rank, world, _ = train.setup_dist(fsdp, "cpu")
+    rank, world, _ = fsdp.setup_dist(fsdp, "cpu")
     args = train.parse_args(["--mini-batch-size", str(M), "--micro-batch-size", str(micro_batch_size), "--lr", "1e-3",
                              "--kl-coef", "0.01", "--llds", "0.5", "--warmup-ratio", "0"])
     tok = build_tokenizer()
     model = build_model(tok, seed=0)
     ref = build_model(tok, seed=0).requires_grad_(False)
     if fsdp:
-        model, ref = train.shard(model), train.shard(ref)
+        model, ref = fsdp.shard(model), fsdp.shard(ref)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False)
     log = []
     for step in range(2):
@@ -61,9 +63,9 @@ def two_steps(fsdp: bool = False, micro_batch_size: int = 2) -> list[dict]:
         adv = group_advantages(rewards, [e.group_id for e in eps])
         share = M // world  # rank r: its share of each global mini-batch
         mine = [i for k in range(0, B, M) for i in range(k + rank * share, k + (rank + 1) * share)]
-        batch = train.collate([eps[i] for i in mine], tok.pad_token_id)
-        old = train.batch_logp(model, batch, micro_batch_size, 1.0, len(tok))
-        ref_logp = train.batch_logp(ref, batch, micro_batch_size, 1.0, len(tok))
+        batch = policy.collate([eps[i] for i in mine], tok.pad_token_id)
+        old = policy.batch_logp(model, batch, micro_batch_size, 1.0, len(tok))
+        ref_logp = policy.batch_logp(ref, batch, micro_batch_size, 1.0, len(tok))
         old = old + 0.05 * torch.sin(batch["input_ids"][:, -old.shape[1]:].float())  # off-policy, so LLDS acts
         per_mini, norms, stepped = train.update(model, optimizer, batch, old, ref_logp, adv[mine], None, args,
                                                 len(tok), share)

@@ -480,7 +480,7 @@ def test_p9_final_turn_ending_on_eos(tok, model):
 
 
 def test_p9_searchr1_pad_value_mask_erases_eos(model):
-    from train import collate
+    from policy import collate
 
     tok = build_tokenizer()
     tok.pad_token = tok.eos_token  # Qwen base: pad == eos
@@ -688,6 +688,7 @@ def test_valid_search_count_includes_the_final_turns_search_and_sets_the_ma_beta
     dp_actor.py:275-277 averages it). A trajectory that searches in its only search turn and again in the final turn
     has V = 2, executed searches 1: the "code" schedule gives beta = clip(V - 1, 0, 1) = 1 for a batch of it, where the
     executed count gives 0 and switches the answer span off."""
+    import policy
     import train
 
     s = enc(tok, "<search> Paris </search>")
@@ -699,11 +700,11 @@ def test_valid_search_count_includes_the_final_turns_search_and_sets_the_ma_beta
     assert (e1.num_searches, e1.num_valid_searches) == (1, 2)  # the final turn's <search> counted, not executed
     assert (e2.num_searches, e2.num_valid_searches) == (1, 1)  # search, then an answer
     args = train.parse_args(["--llds-ma", "code", "--llds", "0.2", "--llds-ma-weight", "0.2"])
-    batch = train.collate([e1], tok.pad_token_id)
+    batch = policy.collate([e1], tok.pad_token_id)
     weight, m = train.llds_ma_weight([e1], batch["answer_mask"], args)
     assert m["llds/ma_beta"] == 1.0 and m["llds/answer_weight"] == pytest.approx(0.2)  # executed count: beta 0
     # both trajectories: V = (2 + 1) / 2 = 1.5 -> beta 0.5 on e2's answer span (the executed count, 1.0, gives 0)
-    batch = train.collate(eps, tok.pad_token_id)
+    batch = policy.collate(eps, tok.pad_token_id)
     weight, m = train.llds_ma_weight(eps, batch["answer_mask"], args)
     assert m["llds/ma_beta"] == pytest.approx(0.5)
     span = batch["answer_mask"] > 0

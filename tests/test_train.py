@@ -15,7 +15,9 @@ DATA = ROOT.parent / "shared" / "data"
 from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
 from rollout import rollout  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
-from train import batch_logp, collate, load_policy, parse_args, response_logp  # noqa: E402
+import policy  # noqa: E402
+from policy import batch_logp, collate, load_policy, response_logp  # noqa: E402
+from train import parse_args  # noqa: E402
 
 QUESTIONS = [
     {"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"], "data_source": "toy"},
@@ -453,6 +455,7 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
         return model, tok, device
 
     monkeypatch.setattr(train, "load_policy", load_and_watch)
+    monkeypatch.setattr("policy.load_policy", load_and_watch)  # the reference is loaded through it
     train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2")
     assert len(passes) == 4 * 4  # 8 trajectories in micro-batches of 2: old, ref, update (2 mini-batches), after
     for h in hooks:
@@ -471,7 +474,7 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
 def test_grad_ckpt_same_gradient_and_really_recomputes():
     """--grad-ckpt leaves the gradient unchanged (1e-5) in eval mode, and the decoder layers really run again in
     backward (HF's gradient_checkpointing_enable() would do nothing in eval mode)."""
-    from train import enable_grad_ckpt
+    from policy import enable_grad_ckpt
 
     tok = build_tokenizer()
 
@@ -508,7 +511,9 @@ def test_ref_offload_gives_the_same_run(files, monkeypatch):
     kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2", "--ref-dtype", "float32")
     loads = []
     real_load = train.load_policy
-    monkeypatch.setattr(train, "load_policy", lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a))
+    watch = lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a)  # noqa: E731
+    monkeypatch.setattr(train, "load_policy", watch)
+    monkeypatch.setattr(policy, "load_policy", watch)  # the reference is loaded (and offloaded) through it
     offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload",
                                  "--ref-dtype", "float32")
     monkeypatch.undo()

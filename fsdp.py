@@ -1,0 +1,245 @@
+"""The same program on N ranks: torchrun + FSDP2, and helpers that are the identity in a single process.
+
+With `--fsdp` under torchrun (nccl on GPU, gloo on CPU) every rank rolls out its own prompts with the full weights
+gathered (full_weights), and each optimizer mini-batch is the union of every rank's share: token counts and metrics
+are summed over ranks (all_reduce), so the loss is the same as one process computing it all (tests/test_fsdp.py). The
+algorithm never looks at the world size; only seeding (seed + rank), printing (print0) and saving (rank 0 writes) do.
+Without torchrun the world is one rank and every helper below returns its input.
+
+Saving and resuming a run (save_checkpoint, load_trainer_state, restore) live here too, because under FSDP they are
+collectives: every rank joins the gathers of the full weights, optimizer state and RNG states, and rank 0 writes them
+through checkpoint.save (which publishes a step only once it is complete).
+
+    torchrun --nproc_per_node 2 fsdp.py      # demo on 2 CPU ranks: shard a tiny model, check a summed update
+"""
+
+import contextlib
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import checkpoint
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Ranks and sharding
+
+
+def setup_dist(fsdp: bool, device: str) -> tuple[int, int, str]:
+    """(rank, world_size, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nanoGPT); (0, 1, device) without.
+
+    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Raises SystemExit when
+    torchrun starts several ranks without --fsdp (they would train unsynchronised copies).
+    """
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not fsdp:
+        raise SystemExit("error: torchrun started several ranks; add --fsdp")
+    if fsdp:
+        cuda = device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(device)
+        import atexit
+
+        # Before the group exists: fsdp imports torch.distributed.nn.functional, whose 10 functions have the default
+        # argument group=group.WORLD, evaluated at import; imported after, they would hold the group to the end.
+        import torch.distributed.fsdp as _fsdp  # noqa: F401  (as: `import torch...` here would make torch a local)
+
+        dist.init_process_group("nccl" if cuda else "gloo")
+        atexit.register(_release_process_group)
+    return rank, world, device
+
+
+_MESHES = []  # the device meshes shard() made; each holds the process group (DeviceMesh._pg_registry)
+
+
+def _release_process_group():
+    """At exit (atexit, registered by setup_dist; before interpreter finalisation starts), after the program's
+    destroy_process_group(): drop the group's last references, so that it is really destroyed and its threads joined.
+
+    destroy_process_group() does not stop a group that something still references, and FSDP2's meshes do (DTensor's
+    sharding caches keep them): gloo's worker threads (pt_gloo_runloop) then live on into finalisation. Such a thread
+    releases a finished collective's tensors after the rank went on, which takes the GIL; once finalisation has begun,
+    Python ends the thread there, inside a noexcept destructor: std::terminate ("terminate called without an active
+    exception"), SIGABRT. Destroying the group joins them first (without holding the GIL). While the group is still
+    initialised (the program ended by an exception) nothing is done: that path is as it was."""
+    if dist.is_initialized():
+        return
+    import gc
+
+    for mesh in _MESHES:
+        getattr(mesh, "_pg_registry", {}).clear()  # (a mesh without one holds no group)
+    _MESHES.clear()
+    gc.collect()  # the sharded modules the program dropped are cycles, and their FSDP state holds the group too
+
+
+def shard(model):
+    """FSDP2: fully_shard each decoder layer, then the root (pytorch/examples FSDP2). On GPU parameters stay fp32
+    shards and compute in bf16 with fp32 gradient reduction. Gradients are *summed* over ranks (divide factor 1):
+    our losses are already normalised by the global token count, so averaging would divide by the world size twice."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    on_gpu = next(model.parameters()).is_cuda
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else MixedPrecisionPolicy()
+    mesh = init_device_mesh("cuda" if on_gpu else "cpu", (dist.get_world_size(),))  # FSDP2's default; released at exit
+    _MESHES.append(mesh)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+@contextlib.contextmanager
+def full_weights(model):
+    """Gather the full weights on every rank for the rollout, reshard after. Ranks generate different numbers of
+    tokens, and a sharded forward all-gathers each layer, which would need every rank in lock-step. No-op unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in mods:
+        m.unshard()
+        m.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.set_reshard_after_forward(True)
+            m.reshard()
+
+
+def all_reduce(values, op: str = "sum") -> list[float]:
+    """Sum (or "max") of each value over ranks; the values themselves in a single process."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if dist.is_initialized():
+        t = t.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """[b, T] on each rank -> [world * b, T'] in rank order (T' = largest T, zero right-padded); x in one process."""
+    if not dist.is_initialized():
+        return x
+    T = int(all_reduce([x.shape[1]], "max")[0])
+    x = torch.nn.functional.pad(x.float(), (0, T - x.shape[1]))
+    x = x.to("cuda") if dist.get_backend() == "nccl" else x
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, x)
+    return torch.cat(out).cpu()
+
+
+def all_finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
+    """True if every weight (this rank's shards) and every response-token log-prob `logp` [B, T] is finite, on every
+    rank. An update can leave finite but huge weights whose forward pass overflows: the log-probs catch that."""
+    bad = sum(int(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in model.parameters())
+    bad += int(not torch.isfinite(logp[loss_mask > 0]).all())
+    return all_reduce([bad])[0] == 0
+
+
+
+def print0(*a):
+    """Print on rank 0 only (through tqdm, so the progress bar stays intact)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tqdm.write(" ".join(str(x) for x in a))
+
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Saving and resuming
+
+
+def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, step: int, state: dict, keep: int) -> Path | None:
+    """Save checkpoint `step` as OUT_DIR/checkpoints/step_N (checkpoint.save: a kill or a full disk at any point leaves
+    the previous one complete): the model as save_pretrained writes it (evaluate.py and --model read the folder as it
+    is), and trainer_state.pt = `state` + the optimizer state + every rank's RNG state, for an exact --resume.
+    Under FSDP every rank joins the gathers (full state dicts) and rank 0 writes. Returns the folder (None on the other
+    ranks). Raises OSError when the disk is full or not writable, the earlier checkpoints untouched."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=full)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+           torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    rngs = [rng] * (dist.get_world_size() if dist.is_initialized() else 1)  # every rank samples its own rollouts
+    if dist.is_initialized():
+        dist.all_gather_object(rngs, rng)
+    state = {**state, "step": step, "optimizer": get_optimizer_state_dict(model, optimizer, options=full), "rng": rngs}
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+
+    def write(folder: Path):
+        model.save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        torch.save(state, folder / "trainer_state.pt")
+
+    return checkpoint.save(out_dir, step, write, keep)
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """trainer_state.pt of a checkpoint folder (see save_checkpoint). Raises ValueError naming the file if it cannot be
+    read (a damaged file that kept its size; checkpoint.verify already caught truncation)."""
+    try:
+        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{ckpt / 'trainer_state.pt'}: missing (a model folder, not a training checkpoint)")
+    except Exception as err:  # what unpickling a damaged file raises: EOFError, UnpicklingError, RuntimeError, ...
+        raise ValueError(f"{ckpt / 'trainer_state.pt'}: unreadable ({type(err).__name__}: {err}); resume from an "
+                         "earlier checkpoints/step_N folder") from None
+
+
+
+def restore(model, optimizer, scheduler, state: dict):
+    """Put a trainer_state (load_trainer_state) back: optimizer (sharded again under FSDP), lr scheduler, and this
+    rank's RNG states, so the resumed run samples and updates exactly as the uninterrupted one. Raises SystemExit
+    if the checkpoint was saved by another number of ranks (each rank's RNG state is its own)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if len(state["rng"]) != world:
+        raise SystemExit(f"error: the checkpoint was saved by {len(state['rng'])} ranks; resume with the same number")
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"][dist.get_rank() if dist.is_initialized() else 0]
+    random.setstate(rng[0]), np.random.set_state(rng[1]), torch.set_rng_state(rng[2])
+    if torch.cuda.is_available() and rng[3]:
+        torch.cuda.set_rng_state_all(rng[3])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+if __name__ == "__main__":  # torchrun --nproc_per_node 2 fsdp.py (plain `python fsdp.py`: a group of one rank)
+    import copy
+    import socket
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    rank, world, _ = setup_dist(True, "cpu")
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2)
+    torch.manual_seed(0)
+    whole = Qwen2ForCausalLM(cfg)  # the same tiny random model on every rank; one copy stays unsharded
+    model = shard(copy.deepcopy(whole))
+    ids = torch.arange(world * 8).view(world, 8) * 7 % 64  # [world, 8]: one row per rank
+    loss = model(input_ids=ids[rank:rank + 1], labels=ids[rank:rank + 1]).loss  # this rank's row only
+    loss.backward()  # FSDP sums the gradients over ranks: the gradient of the sum of every rank's loss
+    grad = model.lm_head.weight.grad
+    sharded = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).norm().item()
+    sum(whole(input_ids=row[None], labels=row[None]).loss for row in ids).backward()  # one process, every row
+    print0(f"{world} rank(s), one row each | sum of their losses {all_reduce([loss.item()])[0]:.4f} | |grad lm_head| "
+           f"sharded {sharded:.6f}, one process over all {gather_rows(ids[rank:rank + 1]).shape[0]} rows "
+           f"{whole.lm_head.weight.grad.norm().item():.6f}")
+    dist.destroy_process_group()
