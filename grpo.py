@@ -29,7 +29,7 @@ value is the exact mean over the mini-batch's tokens (as departure 2). grpo/rati
 the loss used: r_t or s_i) have no official counterpart.
 
 Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
-  1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (PITFALLS P4: Search-R1 pools
+  1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (P4: Search-R1 pools
      NQ row i with HotpotQA row i).
   2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so splitting a
      mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch). Likewise GSPO's
@@ -54,7 +54,7 @@ def logp_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     """Per-token log pi(target) under the sampling temperature.
 
     logits: [B, T, V] (the logits that predict `targets`), targets: [B, T] long -> [B, T] float32, in nats.
-    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (PITFALLS P17);
+    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (P17);
     dividing log-probs instead gives a ratio != 1 on-policy. Computed in float32 even for bf16 logits.
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]

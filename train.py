@@ -3,7 +3,8 @@
 Wires retriever.py (BM25), rollout.py (Search-R1 multi-turn loop, EM reward), grpo.py (clipped surrogate, k3 KL,
 entropy bonus) and llds.py (likelihood-preserving regulariser), as the official LLDS code (a veRL 0.1 fork of Search-R1)
 runs them: each rollout batch of prompts x G trajectories is split into several optimizer mini-batches, so that from
-the second mini-batch on the policy differs from the one that sampled (SPEC P1: with one update per batch LLDS is ~0).
+the second mini-batch on the policy differs from the one that sampled (with one update per batch, the Delta of v2
+Sec. 5.5 is ~0 and so is LLDS; the authors' train_grpo_nqhot.sh makes 512 x 5 / 256 = 10 updates per rollout batch).
 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                       # the paper's setting (needs a big GPU)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16 --group-size 5
