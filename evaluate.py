@@ -2,12 +2,13 @@
 
 Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports it: greedy decoding,
 the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3), top-3
-passages, score = EM (rollout.em_check, the training reward) per data_source (SPEC B.8). Test sets: FlashRAG's
-nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, split test, else dev (Search-R1
-`qa_search_test_merge.py`). Columns Gen-Avg / MH-Avg / Avg are unweighted means over sources (SPEC Part D).
+passages, score = EM (rollout.em_check, the training reward) per data_source, which _validate logs as
+val/test_score/<data_source>. Test sets: FlashRAG's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle,
+split test, else dev (Search-R1 `qa_search_test_merge.py`). Columns Gen-Avg / MH-Avg / Avg are unweighted means over
+sources, as in the paper's Tables 1-4.
 Extra columns: token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per question,
 and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
-Departures: 1. a fixed, seeded subset with --limit (PITFALLS P24), so every evaluation of a run scores the same
+Departures: 1. a fixed, seeded subset with --limit (P24), so every evaluation of a run scores the same
 questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them as found in any answer; cf. P20).
 
     python evaluate.py --model runs/default/checkpoint --data ../shared/data/hotpotqa_test.jsonl \\
@@ -46,11 +47,11 @@ ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa":
            "hotpot": "HotpotQA", "2wikimultihopqa": "2Wiki", "2wiki": "2Wiki", "2wikimqa": "2Wiki",
            "musique": "Musique", "bamboogle": "Bamb.", "bamb": "Bamb."}  # data_source (lower, [a-z0-9]) -> column
 GEN, MH = ("NQ", "TQA", "PopQA"), ("HotpotQA", "2Wiki", "Musique", "Bamb.")
-COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the paper's column order (SPEC Part D)
+COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the column order of the paper's Tables 1-4
 METRICS = ("em", "f1", "sub_em", "searches", "recall")
 
-# Exact match, SPEC Part D 6.1 (Table 1, Qwen2.5-3B) and 6.2 (Table 2, Qwen2.5-7B), in COLUMNS order; "-" = not run.
-# Printed relative gains are left out: 3B-Base +LLDS-MA says "+45.2%", but 0.440 / 0.312 is +41.0% (SPEC footnote).
+# Exact match from arXiv 2512.04220 v2 Table 1 (Qwen2.5-3B) and Table 2 (Qwen2.5-7B), in COLUMNS order; "-" = not run.
+# Printed relative gains are left out: Table 1's 3B-Base +LLDS-MA says "+45.2%", but 0.440 / 0.312 is +41.0%.
 PAPER = {
     "3B Search-R1-PPO-Base": "0.406 0.587 0.435 0.476 0.284 0.273 0.049 0.088 0.174 0.303",
     "3B Search-R1-PPO-Ins": "0.341 0.545 0.378 0.421 0.324 0.319 0.103 0.264 0.253 0.325",

@@ -29,7 +29,7 @@ value is the exact mean over the mini-batch's tokens (as departure 2). grpo/rati
 the loss used: r_t or s_i) have no official counterpart.
 
 Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
-  1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (PITFALLS P4: Search-R1 pools
+  1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (P4: Search-R1 pools
      NQ row i with HotpotQA row i).
   2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so splitting a
      mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch). Likewise GSPO's

@@ -111,7 +111,7 @@ def load_policy(name: str, dtype: str = "auto", device: str = "auto"):
     its newest complete checkpoint) or a .gguf file (transformers' gguf_file=, de-quantised to plain trainable floats).
 
     dtype: float32 | bfloat16 | auto (bf16 on CUDA, else fp32). The model is put in eval mode and stays there: dropout
-    is off in every log-prob pass, so recomputed log-probs equal the sampling ones (PITFALLS P18); gradients still
+    is off in every log-prob pass, so recomputed log-probs equal the sampling ones (P18); gradients still
     flow. A hub id is read from the local cache first (no network needed once downloaded), else fetched.
     Raises FileNotFoundError for a local path that does not exist, ValueError for a broken folder (check_model_folder),
     a tokenizer with more tokens than the model's embedding rows, or a load that fails, and ConnectionError when the
@@ -179,7 +179,7 @@ def logp_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     """Per-token log pi(target) under the sampling temperature.
 
     logits: [B, T, V] (the logits that predict `targets`), targets: [B, T] long -> [B, T] float32, in nats.
-    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (PITFALLS P17);
+    The *logits* are divided by the temperature before log_softmax, exactly as the sampler did (P17);
     dividing log-probs instead gives a ratio != 1 on-policy. Computed in float32 even for bf16 logits.
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]

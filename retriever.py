@@ -39,7 +39,7 @@ Departures from Search-R1 (numbered; NOTE(departure) marks the lines):
      may differ from C's log in the last bit of a float64, which the float32 idf then hides almost always. Ties are
      broken by passage order, Anserini's by the passage id string. "okapi" is not Lucene at all (no stemming, no stop
      words, another idf): the project's scoring before issue 12.
-  2. (PITFALLS P23) results and scores are always aligned and len <= topk: each hit carries its own score. Search-R1's
+  2. (P23) results and scores are always aligned and len <= topk: each hit carries its own score. Search-R1's
      BM25 path reads the scores before cutting the hit list to `num`, so the two lists can differ in length, and its
      server crashes on `return_scores=false` (ours returns the documents).
   3. Only hits with score > 0 are returned, so passages with no query word never are (nor, with okapi in a toy corpus

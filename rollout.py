@@ -2,15 +2,15 @@
 
 Source: Search-R1 `search_r1/llm_agent/generation.py` (run_llm_loop), `verl/utils/reward_score/qa_em.py` and
 `scripts/data_process/qa_search_train_merge.py` (prompt), as the LLDS paper (arXiv 2512.04220, v2 Sec. 3 and App. B.2.1)
-trains with them; SPEC part B. A trajectory is (y_0, o_0, y_1, o_1, ..., y_T): model actions y_t and tool observations
+trains with them. A trajectory is (y_0, o_0, y_1, o_1, ..., y_T): model actions y_t and tool observations
 o_t. The model writes <think>...</think>, then <search> query </search> (we append "\n\n<information>top-k
 docs</information>\n\n") or <answer> ... </answer> (the trajectory ends). Anything else gets the invalid-action message.
 After `max_turns` such turns, one last generation runs with no search executed.
 
 Every row of a batch is one trajectory; the G trajectories of a prompt are contiguous and share `group_id`, a per-batch
-prompt number (never a dataset row index, PITFALLS P4). Letters: B = prompts x G rows, T = response tokens.
+prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens.
 
-Departures from Search-R1 (each fixes a bug listed in ../shared/PITFALLS.md):
+Departures from Search-R1 (each fixes a bug listed in docs/pitfalls.md):
   1. The trained ids are the sampled ids (P7): a turn is cut after its first </search> or </answer> *by token index*;
      Search-R1 decodes, cuts the text and re-tokenizes, which changes the ids (" Pantom" has two tokenizations).
   2. loss_mask is built while concatenating (P6): 1 on sampled tokens, 0 on every observation token, tags included (P5).
@@ -82,7 +82,7 @@ def normalize_answer(s: str) -> str:
 def em_check(prediction: str | None, golden_answers) -> float:
     """1.0 if the normalised prediction equals the normalised form of any gold alias, else 0.0 (qa_em.em_check).
 
-    golden_answers: a str or a list of str. Guard (PITFALLS P20): a gold that normalises to "" (e.g. "The") would match
+    golden_answers: a str or a list of str. Guard (P20): a gold that normalises to "" (e.g. "The") would match
     an empty or article-only prediction; such golds are compared on their lower-cased, whitespace-squashed text instead.
     """
     if prediction is None:

@@ -4,9 +4,10 @@ loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save.
 Each step samples G trajectories for each of --prompts-per-step questions (rollout.py: Search-R1's multi-turn
 <search>/<answer> loop against a BM25 retriever, retriever.py; reward = exact match), turns rewards into group-relative
 advantages (grpo.py), computes the log-probs of the policy that sampled and of the frozen reference (policy.py), and
-takes several optimizer steps over mini-batches of the trajectories (update): from the second one on the policy differs
-from the one that sampled, which is where LLDS (llds.py) acts (with one update per batch it is ~0). As the official
-LLDS code (a veRL 0.1 fork of Search-R1, dp_actor.py) runs it. fsdp.py runs the same program on N ranks.
+takes several optimizer steps over mini-batches of the trajectories (update): from the second one on, the policy
+differs from the one that sampled, which is where LLDS (llds.py) acts; with one update per batch the Delta of v2 Sec.
+5.5 is ~0 and so is LLDS (the authors' train_grpo_nqhot.sh makes 512 x 5 / 256 = 10 updates per rollout batch). As
+the official LLDS code (a veRL 0.1 fork of Search-R1, dp_actor.py) runs it; fsdp.py runs it on N ranks.
 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                # the paper's setting (a big GPU, the hub)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16       # one smaller GPU

@@ -2,7 +2,7 @@
 
 Every context paragraph of every question (10 per question: the 2 gold paragraphs and 8 distractors) becomes one
 passage {"id": "<n>", "contents": '"Title"\\ntext'} (wiki-18 format; ids "0", "1", ... in build order), de-duplicated on
-(title, text), whitespace normalised, as ../shared/data was built. Each question becomes a FlashRAG row
+(title, text), whitespace normalised. Each question becomes a FlashRAG row
 {"id", "question", "golden_answers": [answer], "data_source": "hotpotqa", "metadata": {"type", "level",
 "supporting_titles"}}, the format rollout.load_questions reads.
 

@@ -1,7 +1,8 @@
 """Loss-correctness tests for grpo.py: advantages, clipped surrogate (PPO and GSPO), KL, entropy bonus, aggregation.
 
-STYLE R11 kinds: (1) hand-computed small tensors with the derivation in a comment, (2) reduction identities checked with
-torch.autograd.grad + assert_close, (3) vectorised vs loop / split vs whole. Test names carry the PITFALLS row they pin.
+Three kinds of check: (1) hand-computed small tensors with the derivation in a comment, (2) reduction identities
+checked with torch.autograd.grad + assert_close, (3) vectorised vs loop / split vs whole. Test names carry the pitfall
+they pin (docs/pitfalls.md).
 """
 
 import json

@@ -2,7 +2,8 @@
 code's verl/workers/actor/dp_actor.py:347-431 at commit 6453f61).
 
 Delta = old_logp - logp (> 0: the update made the token rarer). Most tests build old_logp = 0 and logp = -Delta, so the
-Deltas can be read off the test. Test names carry the number of the pitfall they pin ("_parte": LLDS-specific ones).
+Deltas can be read off the test. Test names carry the pitfall they pin (docs/pitfalls.md; "_parte": its LLDS-specific
+notes).
 """
 
 import sys

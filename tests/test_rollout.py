@@ -233,7 +233,7 @@ def test_p5_invalid_action_message_masked(tok, model):
 
 
 def searchr1_regex_info_mask(tok, response_ids):
-    """Search-R1's first masking (before PR #21, PITFALLS P6): decode the response, regex-find each
+    """Search-R1's first masking (before PR #21, P6): decode the response, regex-find each
     <information>...</information>, and re-encode the text before its start and end to count tokens."""
     text = tok.decode(response_ids)
     mask = [1] * len(response_ids)
@@ -732,7 +732,7 @@ def test_p1_searchr1_two_match_rule_fails_prompt_example_never_counts(tok, model
     prompt = make_prompt(Q1, tok)
     assert prompt.count("<answer> Beijing </answer>") == 1
     # The instruction sentence "... inside <answer> and </answer>, ..." is a complete tag pair too: Search-R1's prompt
-    # already holds TWO matches, "and" and "Beijing" (SPEC B.6 assumes one).
+    # already holds TWO matches, "and" and "Beijing" (qa_em.extract_solution's >= 2 rule assumes one).
     assert R.ANSWER_RE.findall(prompt) == [" and ", " Beijing "]
     eos = tok.eos_token_id
     none = enc(tok, "<think> I do not know. </think>") + [eos]

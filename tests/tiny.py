@@ -58,7 +58,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Search-R1 "base" prompt (SPEC.md B.2), typo "your want" included; ends with "\n" after the question.
+# Search-R1 "base" prompt (scripts/data_process/qa_search_train_merge.py, make_prefix), typo "your want" included;
+# ends with "\n" after the question.
 PROMPT_TEMPLATE = (
     "Answer the given question. "
     "You must conduct reasoning inside <think> and </think> first every time you get new information. "

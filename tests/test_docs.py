@@ -1,0 +1,77 @@
+"""docs/pitfalls.md is the key to the pitfall labels the code cites ("(P9)", "NOTE(departure): ... (P7)"): every label
+the code, the tests or the README cite is defined there, every pitfall a test name carries too, and every test the
+document names exists. Code comments point to the paper or to upstream files, never to notes outside the repository."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "pitfalls.md"
+LLDS_NOTES = "## LLDS-specific notes"  # second numbering, for test names with "_parte"
+
+
+def python_files() -> list[Path]:
+    return sorted([*ROOT.glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").glob("*.py"),
+                   *(ROOT / "benchmarks").glob("*.py")])
+
+
+def defined_labels() -> tuple[set, set]:
+    """({"P1", ...} of the general section, {"P3", ...} of the LLDS-specific notes): the `### P<n>.` headings."""
+    general, llds = DOC.read_text(encoding="utf-8").split(LLDS_NOTES, 1)
+    headings = lambda text: set(re.findall(r"^### (P\d+)\.", text, re.MULTILINE))  # noqa: E731
+    return headings(general), headings(llds)
+
+
+def test_every_cited_pitfall_label_is_defined():
+    general, _ = defined_labels()
+    assert len(general) >= 20
+    undefined = []
+    for path in [*python_files(), ROOT / "README.md"]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            undefined += [f"{path.relative_to(ROOT)}:{n}: {label}" for label in re.findall(r"\bP\d+\b", line)
+                          if label not in general]
+    assert not undefined, "cited but not defined in docs/pitfalls.md:\n" + "\n".join(undefined)
+
+
+def test_every_pitfall_in_a_test_name_is_defined():
+    general, llds = defined_labels()
+    undefined = []
+    for path in (ROOT / "tests").glob("test_*.py"):
+        for name in re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.MULTILINE):
+            m = re.match(r"test_((?:p\d+_)+)(parte_)?", name)  # test_p9_p10_... ; test_p4_parte_... (LLDS notes)
+            if m:
+                labels = {f"P{n}" for n in re.findall(r"p(\d+)_", m.group(1))}
+                undefined += [f"{path.name}::{name}: {label}" for label in sorted(labels - (llds if m.group(2) else general))]
+    assert not undefined, "test names carry pitfalls that docs/pitfalls.md does not define:\n" + "\n".join(undefined)
+
+
+def test_every_test_the_document_names_exists():
+    named = re.findall(r"\b(tests/\w+\.py)::(\w+)", DOC.read_text(encoding="utf-8"))
+    assert len(named) >= 20
+    missing = []
+    for file, name in named:
+        path = ROOT / file
+        functions = set()
+        if path.exists():
+            functions = {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if name not in functions:
+            missing.append(f"{file}::{name}")
+    assert not missing, "docs/pitfalls.md names tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_pitfall_entry_names_a_test_or_says_none():
+    text = DOC.read_text(encoding="utf-8")
+    for entry in re.split(r"^(?=### P\d+\.)", text, flags=re.MULTILINE)[1:]:
+        pinned = re.search(r"\*\*Pinned by:\*\*(.*?)(?=^### |\Z)", entry, re.DOTALL | re.MULTILINE)
+        assert pinned and ("::" in pinned.group(1) or "no test" in pinned.group(1).lower()), entry.splitlines()[0]
+
+
+def test_code_cites_no_internal_notes():
+    # Comments cite the paper (arXiv 2512.04220 v2: section, equation, table) or an upstream file, never the project's
+    # working notes, which a clone does not have. (Tests may still *read* ../shared when it is present.)
+    pattern = re.compile(r"\bSPEC(?:\.md)? ?(?:part|Part|[A-E]\.\d|P\d|footnote)|\bPITFALLS\b|\bSTYLE R\d|shared/PITFALLS")
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in python_files() if p != Path(__file__).resolve()
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)
