@@ -156,9 +156,11 @@ def test_paper_rows_are_copied_exactly_from_spec():
             assert numbers in spec[label.removeprefix("Llama3.2-3B-Base ")], label
 
 
-def readme_recipes() -> tuple[list[str], dict]:
-    """README's "Reproducing the paper's rows": the common command's train.py arguments, and {row: flags}."""
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Reproducing the paper's rows", 1)[1]
+def doc_recipes() -> tuple[list[str], dict]:
+    """docs/reproducing.md, "Reproducing the paper's rows": the common command's train.py arguments, and
+    {row: flags}."""
+    text = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
+    section = text.split("# Reproducing the paper's rows", 1)[1]
     section = section.split("\n## ", 1)[0]
     common = re.search(r"```bash\n(torchrun .*?)\n```", section).group(1).split()
     rows = {}
@@ -176,7 +178,7 @@ def test_every_recipe_command_parses_to_its_rows_settings():
     of Tables 1-4 has one, and each has the paper's numbers."""
     from train import parse_args
 
-    common, rows = readme_recipes()
+    common, rows = doc_recipes()
     assert list(rows) == list(E.RECIPES) and set(E.RECIPES) <= set(E.PAPER)
     assert "--fsdp" in common and "--retriever-url" in common
     for label, flags in rows.items():
@@ -193,7 +195,7 @@ def test_compare_paper_picks_the_row_from_the_runs_args(tmp_path):
     the run folder or from checkpoints/step_N), and no row for other settings or without args.json."""
     from train import parse_args
 
-    common, rows = readme_recipes()
+    common, rows = doc_recipes()
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000650").mkdir(parents=True)
     for label in ("3B-Ins +LLDS", "3B-Base +LLDS-MA", "3B-Ins GSPO +LLDS (response)", "7B-Ins +LLDS (λ=0.3)"):

@@ -1,6 +1,9 @@
 """Quick checks of the tiny offline tokenizer/model fixture in tests/tiny.py."""
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +123,16 @@ def test_save_reload_identical(tmp_path, tok):
     ids = torch.tensor([tok.encode(SAMPLE)])
     with torch.no_grad():
         torch.testing.assert_close(model2(ids).logits, model(ids).logits)
+
+
+def test_command_line_saves_the_same_folder(tmp_path, tok):
+    """`python tests/tiny.py OUT` (the README's quick start) saves save_tiny's folder and prints its path."""
+    out = tmp_path / "tiny-model"
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("tiny.py")), str(out)], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == str(out)
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == tok.get_vocab()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([tok.encode(SAMPLE)])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, build_model(tok, seed=0)(ids).logits)

@@ -11,6 +11,9 @@ API
 ``build_model(tok, seed, dropout)`` -> ``Qwen2ForCausalLM`` (float32, eval mode, vocab = ``len(tok) + 16``)
 ``save_tiny(path, seed)``           -> ``str(path)``: a folder loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM``
 
+From the command line, ``python tests/tiny.py OUT_DIR`` saves the same tokenizer + model into OUT_DIR (the README's
+offline quick start trains it; its weights are random, so its answers are noise).
+
 The BPE training (~0.03 s) runs once per process and is cached (``functools.lru_cache``); every ``build_tokenizer()``
 call returns a *fresh* tokenizer object built from the cached vocab/merges (~1 ms), so callers may freely mutate their
 copy (e.g. ``tok.padding_side = "left"``) without affecting other tests. The vocabulary is identical in every call and
@@ -301,3 +304,13 @@ def save_tiny(path, seed: int = 0) -> str:
     tok.save_pretrained(path)
     model.save_pretrained(path)
     return str(path)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Save the tiny random 2-layer Qwen2 model + tokenizer of the tests.")
+    parser.add_argument("out_dir", help="folder to write (created if missing)")
+    parser.add_argument("--seed", type=int, default=0)
+    cli = parser.parse_args()
+    print(save_tiny(cli.out_dir, seed=cli.seed))
