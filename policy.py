@@ -270,16 +270,16 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
 
 
 def response_logp_plain(model, batch, rows, temperature, vocab_size) -> torch.Tensor:
-    """The same logp [b, T] as response_logp, computed the obvious way: the full forward's logits at every position,
-    one log-softmax, the response columns picked out (and zeroed where loss_mask and padding say nothing is there).
-    For tests and for reading; response_logp is what training runs (it keeps ~T/(P+T) of the logits)."""
+    """logp [b, T] as response_logp computes it, the obvious way: the full forward's logits at every position, one
+    log-softmax, the response columns picked out. Equal to response_logp on every real response token (padding
+    columns hold arbitrary values in either; the losses mask them). For tests and for reading: response_logp is what
+    training runs (it materialises only the response positions' logits, in chunks)."""
     dev = next(model.parameters()).device
     b = {k: v[rows].to(dev) for k, v in batch.items()}
     T = b["loss_mask"].shape[1]
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
                    use_cache=False).logits[..., :vocab_size]  # [b, P+T, V]
-    logp = logp_from_logits(logits[:, -T - 1:-1], b["input_ids"][:, -T:], temperature)  # [b, T] position j-1 -> j
-    return logp * b["attention_mask"][:, -T:]  # padding columns are 0, as response_logp leaves them
+    return logp_from_logits(logits[:, -T - 1:-1], b["input_ids"][:, -T:], temperature)  # [b, T] position j-1 -> j
 
 
 @torch.no_grad()

@@ -16,8 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from grpo import (POLICY_LOSSES, aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3,  # noqa: E402
-                  logp_from_logits)
+from grpo import POLICY_LOSSES, aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3  # noqa: E402
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -525,40 +524,6 @@ def test_p22_on_policy_loss_zero_but_reinforce_gradient():
         assert g.abs().max().item() > 0.01  # "loss = 0" is not "no learning signal"
         n = {"token-mean": 18.0, "seq-mean-token-mean": 3.0 * 6, "seq-mean-token-sum-norm": 4.0 * 6}[agg]
         assert_close(g, -adv[:, None] * mask / n, rtol=0, atol=1e-7)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Log-probs under temperature
-
-
-def test_p17_logp_from_logits_divides_logits_by_temperature():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 4, 11, generator=g) * 3
-    targets = torch.randint(0, 11, (2, 4), generator=g)
-    T = 0.7
-    lp = logp_from_logits(logits, targets, temperature=T)
-    want = torch.log_softmax(logits / T, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-    assert_close(lp, want)
-    # dividing the log-probs instead (the P17 bug) is a different quantity
-    wrong = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1) / T
-    assert (lp - wrong).abs().max().item() > 0.1
-    # T = 1 is plain log_softmax; and the same call twice gives ratio exactly 1 (on-policy)
-    plain = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
-    assert_close(logp_from_logits(logits, targets), plain)
-    assert ((lp - logp_from_logits(logits, targets, temperature=T)).exp() == 1).all()
-    # bf16 logits are computed in float32
-    assert logp_from_logits(logits.bfloat16(), targets, T).dtype == torch.float32
-
-
-def test_logp_and_entropy_from_one_log_softmax():
-    from grpo import logp_and_entropy_from_logits, logp_from_logits
-
-    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
-    targets = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
-    logp, ent = logp_and_entropy_from_logits(logits, targets, 0.7)
-    torch.testing.assert_close(logp, logp_from_logits(logits, targets, 0.7))
-    p = torch.softmax(logits / 0.7, -1)  # entropy written out by hand: -sum p log p of the T-scaled distribution
-    torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

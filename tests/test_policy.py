@@ -120,3 +120,71 @@ def test_a_run_folder_loads_its_newest_checkpoint(tiny, tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ValueError, match="a run folder without a complete checkpoint"):
         load_policy(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Log-probs under temperature
+
+
+def test_p17_logp_from_logits_divides_logits_by_temperature():
+    from policy import logp_from_logits
+    from torch.testing import assert_close
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 11, generator=g) * 3
+    targets = torch.randint(0, 11, (2, 4), generator=g)
+    T = 0.7
+    lp = logp_from_logits(logits, targets, temperature=T)
+    want = torch.log_softmax(logits / T, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    assert_close(lp, want)
+    # dividing the log-probs instead (the P17 bug) is a different quantity
+    wrong = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1) / T
+    assert (lp - wrong).abs().max().item() > 0.1
+    # T = 1 is plain log_softmax; and the same call twice gives ratio exactly 1 (on-policy)
+    plain = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    assert_close(logp_from_logits(logits, targets), plain)
+    assert ((lp - logp_from_logits(logits, targets, temperature=T)).exp() == 1).all()
+    # bf16 logits are computed in float32
+    assert logp_from_logits(logits.bfloat16(), targets, T).dtype == torch.float32
+
+
+def test_logp_and_entropy_from_one_log_softmax():
+    from policy import logp_and_entropy_from_logits, logp_from_logits
+
+    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    logp, ent = logp_and_entropy_from_logits(logits, targets, 0.7)
+    torch.testing.assert_close(logp, logp_from_logits(logits, targets, 0.7))
+    p = torch.softmax(logits / 0.7, -1)  # entropy written out by hand: -sum p log p of the T-scaled distribution
+    torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
+
+def test_response_logp_agrees_with_the_plain_computation():
+    """The memory-lean response_logp (all-padding columns cut, only the response positions' logits, chunked
+    log-softmax, checkpointed entropy) gives the same logp [b, T] as response_logp_plain (the full forward, one
+    log-softmax), for a micro-batch of mixed prompt and response lengths, at temperature 0.7, and its gradient too."""
+    from policy import collate, response_logp, response_logp_plain
+    from rollout import Episode
+
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0)
+    g = torch.Generator().manual_seed(0)
+    eps = []
+    for i, (lp, lr) in enumerate([(5, 9), (12, 3), (7, 70), (3, 1)]):  # 70 > one 64-token chunk
+        ids = torch.randint(3, len(tok), (lp + lr,), generator=g).tolist()
+        mask = [1 if k % 5 else 0 for k in range(lr)]  # some observation tokens (0) inside the response
+        eps.append(Episode("q", ["a"], "t", group_id=i, prompt_ids=ids[:lp], response_ids=ids[lp:], loss_mask=mask,
+                           answer_mask=[0] * lr))
+    batch = collate(eps, tok.pad_token_id)
+    for rows in (slice(0, 4), slice(1, 3)):
+        lean, ent = response_logp(model, batch, rows, 0.7, len(tok), with_entropy=True)
+        plain = response_logp_plain(model, batch, rows, 0.7, len(tok))
+        real = batch["attention_mask"][rows, -lean.shape[1]:] > 0  # [b, T] the response tokens that exist
+        assert lean.shape == plain.shape == batch["loss_mask"][rows].shape and real.sum() >= 73
+        torch.testing.assert_close(lean[real], plain[real], atol=1e-5, rtol=1e-5)
+        assert ent.shape == lean.shape and (ent[real] > 0).all()
+    w = batch["loss_mask"]  # 0 on padding too
+    lean_grad = torch.autograd.grad((response_logp(model, batch, slice(0, 4), 0.7, len(tok))[0] * w).sum(),
+                                    model.lm_head.weight)[0]
+    plain_grad = torch.autograd.grad((response_logp_plain(model, batch, slice(0, 4), 0.7, len(tok)) * w).sum(),
+                                     model.lm_head.weight)[0]
+    torch.testing.assert_close(lean_grad, plain_grad, atol=1e-5, rtol=1e-4)
