@@ -11,8 +11,8 @@ and retrieval recall of the gold paragraphs when rows carry metadata.supporting_
 Departures: 1. a fixed, seeded subset with --limit (P24), so every evaluation of a run scores the same
 questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them as found in any answer; cf. P20).
 
-    python evaluate.py --model runs/default/checkpoint --data ../shared/data/hotpotqa_test.jsonl \\
-        ../shared/data/musique_test.jsonl --corpus ../shared/data/corpus.jsonl --limit 20
+    python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
+        --corpus data/hotpotqa/corpus.jsonl --limit 20
     python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki18.jsonl --compare-paper 3B-Base
     python evaluate.py plot runs/l0 runs/l02 --out spiral.png     # Fig. 2-style panels from metrics.jsonl
 
@@ -346,7 +346,8 @@ def main(argv=None):
     ap.add_argument("--compare-paper", nargs="?", const="", default=None, metavar="ROWS",
                     help="print the paper's EM rows beside ours: those whose label contains ROWS (e.g. 3B-Ins); without "
                     "ROWS, the row whose recipe the checkpoint's run used (its args.json), else all")
-    ap.add_argument("--corpus", default="../shared/data/corpus.jsonl", help="retrieval corpus (wiki-18 jsonl format)")
+    ap.add_argument("--corpus", default="data/hotpotqa/corpus.jsonl",
+                    help="retrieval corpus (wiki-18 jsonl format; default: scripts/prepare_data.py's output)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
     ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
     ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="in-process BM25 scoring: lucene "

