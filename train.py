@@ -49,7 +49,7 @@ from grpo import POLICY_LOSSES, group_advantages, grpo_loss, logp_and_entropy_fr
 from llds import MA_SCHEDULES, likelihood_diagnostics, lld_alarm, llds_loss, ma_answer_weight, ma_beta, official_metrics
 from policy import load_policy
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import check_obs_budget, load_questions, rollout
+from rollout import check_obs_budget, hf_generator, load_questions, rollout
 
 
 # normalised by the mini-batch's totals (its tokens, or its A >= 0 responses): micro-batch values add up
@@ -672,10 +672,10 @@ def main(args: Args):
 
             # --- rollout and reward
             with full_weights(model), amp(), diverged_sampling(step):
-                episodes = rollout(model, tokenizer, batch_rows, retriever, group_size=args.group_size,
-                                   max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
-                                   top_p=args.top_p, gen_batch_size=args.gen_batch_size)
+                generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens,
+                                        temperature=args.temperature, top_p=args.top_p, batch_size=args.gen_batch_size)
+                episodes = rollout(generate, tokenizer, batch_rows, retriever.search, group_size=args.group_size,
+                                   max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
             t_rollout = time.time() - t0
             rewards = torch.tensor([e.reward for e in episodes])  # [B]
             # NOTE(departure): groups keyed by per-batch prompt id, not Search-R1's uid = dataset index (P4)
