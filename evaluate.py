@@ -36,8 +36,8 @@ from tqdm import tqdm
 
 from checkpoint import atomic_write
 from policy import load_policy
-from retriever import BM25_VARIANTS, make_retriever, read_jsonl
-from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
+from retriever import BM25_VARIANTS, make_retriever, passage_title, read_jsonl
+from rollout import check_obs_budget, em_check, hf_generator, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
@@ -194,13 +194,10 @@ def sub_em(prediction: str | None, golden_answers) -> float:
     return float(any(g and g in pred for g in golds))  # NOTE(departure): a gold normalising to "" never counts (2.)
 
 
-TITLE_RE = re.compile(r'^Doc \d+\(Title: ("[^\n]*?"|[^\n]*?)\) ', re.MULTILINE)  # retriever.format_passages' lines
-
-
-def retrieved_titles(observations: list[str]) -> list[str]:
-    """Titles of all passages in a trajectory's observations ("Doc i(Title: "T") text" lines), outer quotes removed."""
-    titles = [t for obs in observations for t in TITLE_RE.findall(obs)]
-    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] == '"' else t for t in titles]
+def retrieved_titles(retrieved: list[list[dict]]) -> list[str]:
+    """Titles of all passages a trajectory's searches returned (Episode.retrieved: one list of hits per search), in
+    order, outer quotes removed (retriever.passage_title)."""
+    return [passage_title(hit) for hits in retrieved for hit in hits]
 
 
 def recall(supporting_titles, titles: list[str]) -> float | None:
@@ -315,12 +312,13 @@ def compare_lines(table: dict, which: str = "") -> list[str]:
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
     """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
     written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
+    generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, do_sample=False,
+                            batch_size=args.batch_size)
     for i in range(0, len(rows), args.batch_size):
         batch = rows[i:i + args.batch_size]
         with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
-            episodes = rollout(model, tokenizer, batch, retriever, group_size=1, max_turns=args.max_turns,
-                               max_new_tokens=args.max_new_tokens, max_obs_tokens=args.max_obs_tokens, topk=args.topk,
-                               do_sample=False, gen_batch_size=args.batch_size)
+            episodes = rollout(generate, tokenizer, batch, retriever.search, group_size=1, max_turns=args.max_turns,
+                               max_obs_tokens=args.max_obs_tokens, topk=args.topk)
         for row, e in zip(batch, episodes):
             titles = retrieved_titles(e.retrieved)
             records.append({"id": row.get("id"), "question": e.question, "golden_answers": e.golden_answers,

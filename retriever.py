@@ -260,6 +260,12 @@ def format_passages(hits: list[dict]) -> str:
     return out
 
 
+def passage_title(hit: dict) -> str:
+    """A hit's title: the first line of its contents, as `format_passages` shows it, without its outer quotes."""
+    title = hit["document"]["contents"].split("\n", 1)[0]
+    return title[1:-1] if len(title) >= 2 and title[0] == title[-1] == '"' else title
+
+
 # -----------------------------------------------------------------------------
 # The sparse engine: rank-bm25's or Lucene's scores from posting lists, and its on-disk cache
 

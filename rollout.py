@@ -10,6 +10,12 @@ After `max_turns` such turns, one last generation runs with no search executed.
 Every row of a batch is one trajectory; the G trajectories of a prompt are contiguous and share `group_id`, a per-batch
 prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens.
 
+`rollout` takes its two engines as callables: `generate(contexts) -> new ids per context`, with `generate.eos_ids`
+(`hf_generator` builds the Hugging Face one; a vLLM or SGLang engine is one more such function, and must keep
+departures 6-8: no ids beyond the tokenizer, stop at the first tag, sample by temperature and top_p only), and
+`search(queries, topk) -> hits per query` (retriever.BM25Retriever.search, RemoteRetriever.search). The model sees the
+hits as retriever.format_passages writes them; Episode.retrieved keeps the hits themselves (ids, contents, scores).
+
 Departures from Search-R1 (each fixes a bug listed in docs/pitfalls.md):
   1. The trained ids are the sampled ids (P7): a turn is cut after its first </search> or </answer> *by token index*;
      Search-R1 decodes, cuts the text and re-tokenizes, which changes the ids (" Pantom" has two tokenizations).
@@ -48,6 +54,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig
+
+from retriever import format_passages
 
 PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
@@ -306,71 +314,85 @@ class Episode:
     reward: float = 0.0
     num_searches: int = 0  # searches executed
     num_valid_searches: int = 0  # turns that parsed as <search>, the unexecuted one of the final turn too (LLDS-MA's V)
-    retrieved: list = field(default_factory=list)  # the retriever's formatted passages, one str per executed search
+    retrieved: list = field(default_factory=list)  # one list of hits (retriever.search) per executed search
     num_turns: int = 0  # generation calls
     num_valid_actions: int = 0
     ended_on_eos: bool = False
     done: bool = False
 
-
-def _generate(model, tokenizer, contexts, gen_cfg, logits_processor, batch_size):
-    """Batched, KV-cached generate over left-padded contexts, `batch_size` rows per call; new ids per row."""
-    if len(contexts) > batch_size:
-        return [ids for i in range(0, len(contexts), batch_size)
-                for ids in _generate(model, tokenizer, contexts[i:i + batch_size], gen_cfg, logits_processor, batch_size)]
-    pad = tokenizer.pad_token_id
-    width = max(len(c) for c in contexts)
-    input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])  # [N, L] left-padded
-    # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
-    attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])  # [N, L] by position
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            generation_config=gen_cfg,
-            tokenizer=tokenizer,
-            logits_processor=logits_processor,
-        )
-    return out[:, width:].tolist()  # [N, new]
+    def append(self, ids: list[int], trained: bool, answer_mask: list[int] | None = None):
+        """Extend the response by `ids` ([n]): a model action (trained=True, loss_mask 1) or an observation
+        (trained=False, loss_mask 0, tags included: P5). answer_mask: [n] 0/1 (`answer_span`), actions only; default
+        0s. The only writer of response_ids / loss_mask / answer_mask, so the three stay aligned (P6: the mask is built
+        while concatenating, never by a regex over decoded text). Raises ValueError on an answer_mask of another
+        length, or with a 1 on an observation."""
+        answer_mask = [0] * len(ids) if answer_mask is None else list(answer_mask)
+        if len(answer_mask) != len(ids) or (not trained and any(answer_mask)):
+            kind = "action" if trained else "observation"
+            raise ValueError(f"answer_mask {answer_mask} does not fit {len(ids)} {kind} ids")
+        self.response_ids += ids
+        self.loss_mask += [int(trained)] * len(ids)  # NOTE(departure): built while concatenating, no regex (P6)
+        self.answer_mask += answer_mask
 
 
-def rollout(
-    model,
-    tokenizer,
-    rows: list[dict],
-    retriever,
-    *,
-    group_size: int = 5,
-    max_turns: int = 3,
-    max_new_tokens: int = 500,
-    max_obs_tokens: int = 500,
-    topk: int = 3,
-    temperature: float = 1.0,
-    top_p: float = 0.95,
-    do_sample: bool = True,
-    gen_batch_size: int = 64,
-    logits_processor=None,
-) -> list[Episode]:
-    """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
+def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
+                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+    """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded contexts.
 
-    rows: dicts with "question", "golden_answers" (list of str) and optional "data_source". retriever: a callable
-    (queries: list[str], topk: int) -> list[str] of formatted passages (retriever.BM25Retriever or the HTTP client).
-    max_turns: search-enabled generations before the final answer-only one (LLDS trains with 3, Search-R1 with 4).
-    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95);
-    do_sample=False is greedy (evaluation). gen_batch_size: rows per generate call (memory). logits_processor: extra processors (tests script the policy with one).
-    Model tokens get loss_mask 1; observation tokens 0. Raises ValueError on a row without question/golden_answers.
+    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95), and
+    nothing else (departure 8, P17); do_sample=False is greedy (evaluation). batch_size: rows per generate call
+    (memory). logits_processor: extra processors (tests script the policy with one). Stops at the first EOS (the
+    model's generation_config EOS ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are
+    never sampled (departure 6, P16).
+
+    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with generate.eos_ids (a frozenset).
+    A row that stopped early is padded to the longest row of its call; `cut_turn` drops the padding.
     """
     eos_ids = model.generation_config.eos_token_id
     eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
     eos_ids.add(tokenizer.eos_token_id)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
     gen_cfg = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id, stop_strings=list(STOP_STRINGS),
+        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),
         suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # departure 6 (P16)
     )
+
+    def generate(contexts: list[list[int]]) -> list[list[int]]:
+        device = next(model.parameters()).device
+        out = []
+        for i in range(0, len(contexts), batch_size):
+            batch = contexts[i:i + batch_size]
+            width = max(len(c) for c in batch)
+            input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
+            # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
+            attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
+            with torch.no_grad():
+                ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                     generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
+            out += ids[:, width:].tolist()  # [n, new]
+        return out
+
+    generate.eos_ids = frozenset(eos_ids)
+    return generate
+
+
+def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 5, max_turns: int = 3,
+            max_obs_tokens: int = 500, topk: int = 3) -> list[Episode]:
+    """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
+
+    generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) -> [N] lists of new
+    ids, the turn up to its first EOS or stop string, possibly followed by more (padding, overshoot: `cut_turn` drops
+    it), with an `eos_ids` attribute (the ids that end a turn): `hf_generator(model, tokenizer, ...)`, or any function.
+    search: a callable (queries: list[str], topk: int) -> one list of hits per query, as retriever.BM25Retriever.search
+    and RemoteRetriever.search give them ([{"document": {"id", "contents"}, "score"}, ...]); the model sees
+    retriever.format_passages of them, the Episode keeps them (Episode.retrieved).
+    rows: dicts with "question", "golden_answers" (list of str) and optional "data_source". max_turns: search-enabled
+    generations before the final answer-only one (LLDS trains with 3, Search-R1 with 4). max_obs_tokens: per
+    observation (departure 4). topk: passages per search.
+    Model tokens get loss_mask 1; observation tokens 0. Raises ValueError on a row without question/golden_answers.
+    """
     episodes = []
     for i, row in enumerate(rows):
         if "question" not in row or "golden_answers" not in row:
@@ -381,19 +403,18 @@ def rollout(
             episodes.append(Episode(row["question"], list(row["golden_answers"]), row.get("data_source", "unknown"),
                                     group_id=i, prompt_ids=prompt_ids))
 
+    invalid = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
     for turn in range(max_turns + 1):
         active = [e for e in episodes if not e.done]
         if not active:
             break
         final = turn == max_turns  # the answer-only turn: searches are not executed
-        outs = _generate(model, tokenizer, [e.prompt_ids + e.response_ids for e in active], gen_cfg, logits_processor,
-                         gen_batch_size)
+        outs = generate([e.prompt_ids + e.response_ids for e in active])
         queries = []
-        for e, new in zip(active, outs):
-            ids, e.ended_on_eos = cut_turn(new, tokenizer, eos_ids)
-            e.response_ids += ids  # NOTE(departure): the sampled ids themselves; Search-R1 re-encodes the text (P7)
-            e.loss_mask += [1] * len(ids)  # NOTE(departure): mask built while concatenating, no regex (P6)
-            e.answer_mask += answer_span(ids, tokenizer)
+        for e, new in zip(active, outs, strict=True):
+            ids, e.ended_on_eos = cut_turn(new, tokenizer, generate.eos_ids)
+            # NOTE(departure): the sampled ids themselves; Search-R1 re-encodes the text (P7)
+            e.append(ids, trained=True, answer_mask=answer_span(ids, tokenizer))
             e.num_turns += 1
             action_text = tokenizer.decode(ids)
             match = ACTION_RE.search(action_text)
@@ -407,19 +428,13 @@ def rollout(
             elif action == "search":
                 queries.append((e, match.group(2).strip()))
             else:
-                obs = tokenizer.encode(INVALID_ACTION, add_special_tokens=False)
-                e.response_ids += obs
-                e.loss_mask += [0] * len(obs)  # NOTE(departure): masked while concatenating, no regex (P6)
-                e.answer_mask += [0] * len(obs)
+                e.append(invalid, trained=False)
         if queries:
-            docs = retriever([q for _, q in queries], topk)  # one batched search per turn
-            for (e, _), d in zip(queries, docs):
-                obs = observation_ids(d, tokenizer, max_obs_tokens)
-                e.response_ids += obs
-                e.loss_mask += [0] * len(obs)  # NOTE(departure): 0 on all obs ids, tags too; no decode/regex (P6)
-                e.answer_mask += [0] * len(obs)
+            hits = search([q for _, q in queries], topk)  # one batched search per turn
+            for (e, _), h in zip(queries, hits, strict=True):
+                e.append(observation_ids(format_passages(h), tokenizer, max_obs_tokens), trained=False)
                 e.num_searches += 1
-                e.retrieved.append(d)  # evaluate.py reads the passage titles from it (retrieval recall)
+                e.retrieved.append(h)  # evaluate.py reads the passage titles from it (retrieval recall)
 
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)
@@ -451,6 +466,7 @@ if __name__ == "__main__":
         tok = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model).eval()
         rows = [{"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"]}]
-        for ep in rollout(model, tok, rows, retriever, group_size=2, max_turns=2, max_new_tokens=64, max_obs_tokens=200):
+        generate = hf_generator(model, tok, max_new_tokens=64)
+        for ep in rollout(generate, tok, rows, retriever.search, group_size=2, max_turns=2, max_obs_tokens=200):
             print(f"--- reward {ep.reward} searches {ep.num_searches} model tokens {sum(ep.loss_mask)}/"
                   f"{len(ep.loss_mask)}\n{ep.text}")

@@ -47,7 +47,7 @@ from llds import REDUCE as LLDS_REDUCE
 from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
                     save_reference)
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import check_obs_budget, load_questions, rollout
+from rollout import check_obs_budget, hf_generator, load_questions, rollout
 
 DATA_HELP = ("make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA from the hub), or pass "
              "--train-data FILE|HUB_ID (e.g. PeterJinGo/nq_hotpotqa_train, the paper's) and --corpus FILE")
@@ -400,6 +400,8 @@ def main(args: Args):
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
         print0(f"resumed {ckpt} at step {state['step']}")
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
+    generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_p=args.top_p, batch_size=args.gen_batch_size)  # sampling, as the paper's code
     print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params on "
            f"{world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
            f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
@@ -416,10 +418,8 @@ def main(args: Args):
             prompts = prompts[rank * share:(rank + 1) * share]
             # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
             with full_weights(model), amp(), diverged_sampling(step):
-                episodes = rollout(model, tokenizer, prompts, retriever, group_size=args.group_size,
-                                   max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk, temperature=args.temperature,
-                                   top_p=args.top_p, gen_batch_size=args.gen_batch_size)
+                episodes = rollout(generate, tokenizer, prompts, retriever.search, group_size=args.group_size,
+                                   max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
             t_rollout = time.time()
             # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
             adv = group_advantages(torch.tensor([e.reward for e in episodes]), [e.group_id for e in episodes])  # [B]

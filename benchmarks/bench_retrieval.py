@@ -5,8 +5,9 @@ Quality (--part recall): recall@3 of the supporting titles, for three scorings: 
 BM25Okapi, `--bm25 okapi`), lucene over \\w+ words (Lucene's BM25 formula alone) and lucene over Lucene's English
 analyzer (`--bm25 lucene`, the default). Question set: every question of the --data folder's *.jsonl files (not
 corpus.jsonl) whose metadata lists supporting titles (scripts/prepare_data.py writes them; the README's figures are
-from our 877-question HotpotQA + MuSiQue bundle with a 13,823-passage corpus). Metric, per question: its text is the query, the 3 best passages
-are formatted as the agent sees them (`format_passages`), their titles read back (evaluate.retrieved_titles), and
+from our 877-question HotpotQA + MuSiQue bundle with a 13,823-passage corpus). Metric, per question: its text is the
+query, the 3 best passages are searched (`BM25Retriever.search`) and their titles taken from the hits
+(evaluate.retrieved_titles), and
 recall = |supporting titles among them| / |supporting titles| (evaluate.recall: case- and space-insensitive); the
 table gives the mean over the questions, the mean per dataset, and the share of questions with every supporting
 title in the top 3. Deterministic: no sampling, ties broken by passage order.
@@ -86,10 +87,9 @@ def recall_table():
         retriever = BM25Retriever(corpus, engine="sparse", bm25=bm25, analyzer=analyzer)  # okapi: rank-bm25's floats
         build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        observations = retriever([r["question"] for r in rows], 3)
+        hits = retriever.search([r["question"] for r in rows], 3)
         query_ms = 1000 * (time.perf_counter() - t0) / len(rows)
-        scores = [recall(r["metadata"]["supporting_titles"], retrieved_titles([obs]))
-                  for r, obs in zip(rows, observations)]
+        scores = [recall(r["metadata"]["supporting_titles"], retrieved_titles([h])) for r, h in zip(rows, hits)]
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         by_source = [mean([x for x, r in zip(scores, rows) if r["data_source"] == s]) for s in sources]
         print(f"{bm25:<7} | {analyzer:<8} | {mean(scores):>8.3f} | " + " | ".join(f"{x:>9.3f}" for x in by_source) +

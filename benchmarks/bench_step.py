@@ -92,7 +92,7 @@ def child_rollout(model: str, questions: int, amp: str):
     import torch
 
     from retriever import make_retriever
-    from rollout import load_questions, rollout
+    from rollout import hf_generator, load_questions, rollout
     from policy import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
@@ -103,8 +103,8 @@ def child_rollout(model: str, questions: int, amp: str):
         torch.manual_seed(0)
         t = time.time()
         with torch.autocast("cpu", torch.bfloat16, enabled=amp == "bf16"):  # as train.py: weight cache on
-            eps = rollout(policy, tok, rows, retriever, group_size=4, max_turns=2, max_new_tokens=64,
-                          max_obs_tokens=160, gen_batch_size=gbs)
+            eps = rollout(hf_generator(policy, tok, max_new_tokens=64, batch_size=gbs), tok, rows, retriever.search,
+                          group_size=4, max_turns=2, max_obs_tokens=160)
         out[name] = sum(sum(e.loss_mask) for e in eps) / (time.time() - t)
     print(json.dumps(out))
 

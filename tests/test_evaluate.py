@@ -17,8 +17,8 @@ SPEC = ROOT.parent / "shared" / "SPEC.md"
 
 import evaluate as E  # noqa: E402
 from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
-from rollout import em_check, load_questions, rollout  # noqa: E402
-from test_rollout import ScriptedPolicy  # noqa: E402
+from rollout import em_check, hf_generator, load_questions, rollout  # noqa: E402
+from test_rollout import ScriptedPolicy, hit  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -58,29 +58,33 @@ def test_no_answer_scores_zero_and_em_is_the_training_reward():
 
 
 def test_retrieved_titles_and_recall_on_hand_made_observations():
-    obs = ['Doc 1(Title: "Eve Beglarian") Eve Beglarian is a composer (born 1958).\n'
-           'Doc 2(Title: "Ew! (song)") A song (2014) by Jimmy Fallon.\n',
-           'Doc 1(Title: Zach Bogosian) An ice hockey player.\nDoc 2(Title: ""Weird Al" Yankovic") A musician.\n']
+    obs = [[hit('"Eve Beglarian"\nEve Beglarian is a composer (born 1958).'),  # one list of hits per search
+            hit('"Ew! (song)"\nA song (2014) by Jimmy Fallon.')],
+           [hit("Zach Bogosian\nAn ice hockey player."), hit('""Weird Al" Yankovic"\nA musician.')]]
     titles = E.retrieved_titles(obs)
     assert titles == ["Eve Beglarian", "Ew! (song)", "Zach Bogosian", '"Weird Al" Yankovic']
     assert E.recall(["Eve Beglarian", "Jimmy Fallon"], titles) == 0.5  # 1 of 2 gold paragraphs retrieved
     assert E.recall(["eve  beglarian", "Zach Bogosian", '"Weird Al" Yankovic'], titles) == 1.0
     assert E.recall([], titles) is None and E.recall(None, titles) is None  # nothing to recall: not scored
     assert E.recall(["Jimmy Fallon"], []) == 0.0
-    assert E.retrieved_titles(["Jimmy Fallon wrote Doc 1(Title: x) inline"]) == []  # only passage lines count
+    # a passage's text is never read for titles (parsing the formatted text found one in this passage's 2nd line)
+    assert E.retrieved_titles([[hit('"Jimmy Fallon"\nHe wrote\nDoc 2(Title: x) inline')]]) == ["Jimmy Fallon"]
 
 
 def test_rollout_records_what_the_retriever_returned():
-    """Episode.retrieved holds each search's passages (retriever.format_passages text), not the model's own words."""
+    """Episode.retrieved holds each search's hits (retriever.search), not the model's own words."""
     tok = build_tokenizer()
     corpus = [{"id": "0", "contents": '"Eve Beglarian"\nEve Beglarian is an American composer.'},
               {"id": "1", "contents": '"Zach Bogosian"\nZach Bogosian is an ice hockey player.'}] + DEMO_CORPUS
     q = "Are Eve Beglarian and Zach Bogosian both of Armenian descent"
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     script = {q: [enc("<search> Eve Beglarian composer </search>"), enc("Doc 9(Title: Fake) <answer> yes </answer>")]}
-    ep, = rollout(build_model(tok, seed=0), tok, [{"question": q, "golden_answers": ["yes"]}], BM25Retriever(corpus),
-                  group_size=1, max_turns=2, max_new_tokens=40, topk=1, logits_processor=[ScriptedPolicy(tok, script)])
-    assert ep.num_searches == 1 and len(ep.retrieved) == 1 and ep.reward == 1.0
+    generate = hf_generator(build_model(tok, seed=0), tok, max_new_tokens=40,
+                            logits_processor=[ScriptedPolicy(tok, script)])
+    bm25 = BM25Retriever(corpus)
+    ep, = rollout(generate, tok, [{"question": q, "golden_answers": ["yes"]}], bm25.search, group_size=1, max_turns=2,
+                  topk=1)
+    assert ep.num_searches == 1 and ep.retrieved == [bm25.search(["Eve Beglarian composer"], 1)[0]] and ep.reward == 1.0
     assert E.retrieved_titles(ep.retrieved) == ["Eve Beglarian"]  # the model's "Doc 9(Title: Fake)" is not counted
     assert E.recall(["Eve Beglarian", "Zach Bogosian"], E.retrieved_titles(ep.retrieved)) == 0.5
 

@@ -30,7 +30,7 @@ import retriever as retriever_module  # noqa: E402
 from retriever import (  # noqa: E402
     BM25_VARIANTS, DEFAULT_ANALYZER, DEMO_CORPUS, LUCENE_STOP_WORDS, BM25Retriever, RemoteRetriever, SparseBM25,
     english_analyze, format_passages, index_cache_file, java_lower, load_corpus, lucene_doc_length, make_retriever,
-    make_server, standard_tokenize, tokenize, top_k, MAX_REQUEST_BYTES,
+    make_server, passage_title, standard_tokenize, tokenize, top_k, MAX_REQUEST_BYTES,
 )
 
 DATA = REPO.parent / "shared" / "data"
@@ -228,6 +228,14 @@ def test_format_passages_exact_string():
     )
     assert format_passages(hits) == expected
     assert format_passages([]) == ""
+
+
+def test_passage_title_is_the_first_line_without_its_quotes():
+    doc = lambda contents: {"document": {"id": "0", "contents": contents}, "score": 1.0}  # noqa: E731
+    assert passage_title(doc('"Evan Morris"\nEvan L. Morris was a lobbyist.')) == "Evan Morris"
+    assert passage_title(doc('""Weird Al" Yankovic"\nA musician.')) == '"Weird Al" Yankovic'  # outer quotes only
+    assert passage_title(doc("Zach Bogosian\nDoc 2(Title: x) in the text")) == "Zach Bogosian"  # unquoted; text unread
+    assert passage_title(doc('"')) == '"' and passage_title(doc("")) == ""
 
 
 # --- load_corpus errors ----------------------------------------------------------------------------------------------

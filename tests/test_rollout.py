@@ -27,12 +27,14 @@ import rollout as R  # noqa: E402
 from retriever import DEMO_CORPUS, BM25Retriever, format_passages, load_corpus  # noqa: E402
 from rollout import (  # noqa: E402
     INVALID_ACTION,
+    Episode,
     OBS_HEAD,
     OBS_TAIL,
     answer_span,
     cut_turn,
     em_check,
     extract_answer,
+    hf_generator,
     load_questions,
     make_prompt,
     normalize_answer,
@@ -122,10 +124,16 @@ class ScriptedPolicy(LogitsProcessor):
         return forced
 
 
-class FakeRetriever:
-    """(queries, topk) -> one passage string per query; records every call."""
+def hit(contents, id="0"):
+    """One search hit, as retriever.BM25Retriever.search returns it."""
+    return {"document": {"id": id, "contents": contents}, "score": 1.0}
 
-    def __init__(self, fn=lambda q: f"Doc 1(Title: {q}) Some text about {q}.\n"):
+
+class FakeRetriever:
+    """A search callable: (queries, topk) -> one list of hits per query, fn(query); records every call. The default
+    hit's passage reads "Doc 1(Title: {q}) Some text about {q}.\\n" to the model (`text`)."""
+
+    def __init__(self, fn=lambda q: [hit(f"{q}\nSome text about {q}.")]):
         self.fn = fn
         self.calls = []
 
@@ -133,14 +141,24 @@ class FakeRetriever:
         self.calls.append((list(queries), topk))
         return [self.fn(q) for q in queries]
 
+    def text(self, query):
+        """The passages the model sees for `query` (retriever.format_passages of its hits)."""
+        return format_passages(self.fn(query))
+
+
+GEN_KW = ("max_new_tokens", "temperature", "top_p", "do_sample", "batch_size")  # hf_generator's, the rest rollout's
+
 
 def run(model, tok, scripts, golds, retriever=None, **kw):
-    """Roll out the scripted policy on one row per entry of `scripts` (golds: {question: [gold, ...]})."""
+    """Roll out the scripted policy on one row per entry of `scripts` (golds: {question: [gold, ...]}): hf_generator
+    with the policy as its logits processor. kw: GEN_KW go to hf_generator, the others to rollout."""
     policy = ScriptedPolicy(tok, scripts)
     rows = [{"question": q, "golden_answers": golds[q]} for q in scripts]
+    gen = {k: kw.pop(k) for k in GEN_KW if k in kw}
+    gen.setdefault("max_new_tokens", 40)
     kw.setdefault("group_size", 1)
-    kw.setdefault("max_new_tokens", 40)
-    eps = rollout(model, tok, rows, retriever or FakeRetriever(), logits_processor=[policy], **kw)
+    generate = hf_generator(model, tok, logits_processor=[policy], **gen)
+    eps = rollout(generate, tok, rows, retriever or FakeRetriever(), **kw)
     return eps, policy
 
 
@@ -174,7 +192,7 @@ def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
     t1 = enc(tok, "<search> Eiffel Tower </search>")
     t2 = enc(tok, "<answer> Berlin </answer>")
     bm25 = BM25Retriever(DEMO_CORPUS)
-    spy = FakeRetriever(lambda q: bm25([q], 2)[0])
+    spy = FakeRetriever(lambda q: bm25.search([q], 2)[0])
     scripts = {Q1: [s1, s2], Q2: [t1, t2]}
     eps, policy = run(model, tok, scripts, {Q1: ["Paris"], Q2: ["Paris"]}, spy, group_size=3, topk=2, max_turns=3)
 
@@ -185,8 +203,9 @@ def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
     assert policy.calls == 2
 
     for e, (a, b, query) in zip(eps, [(s1, s2, "capital of France")] * 3 + [(t1, t2, "Eiffel Tower")] * 3):
-        doc = bm25([query], 2)[0]
+        doc = bm25([query], 2)[0]  # the retriever's own formatted text: the model sees it byte for byte
         obs = observation_ids(doc, tok, 500)
+        assert e.retrieved == [bm25.search([query], 2)[0]]  # the hits themselves, one list per executed search
         assert e.prompt_ids == enc(tok, make_prompt(e.question, tok))
         assert e.response_ids == a + obs + b  # exactly the sampled ids and the appended observation ids
         assert e.loss_mask == [1] * len(a) + [0] * len(obs) + [1] * len(b)
@@ -251,7 +270,7 @@ def test_p6_searchr1_regex_reencode_mask_misaligns(tok, model):
     a = enc(tok, "<answer> Paris </answer>")
     eps, _ = run(model, tok, {Q1: [no_tag, s, a]}, {Q1: ["Paris"]}, max_turns=3)
     (e,) = eps
-    obs = observation_ids(FakeRetriever().fn("Paris"), tok, 500)
+    obs = observation_ids(FakeRetriever().text("Paris"), tok, 500)
     inv = enc(tok, INVALID_ACTION)
     assert e.response_ids == no_tag + inv + s + obs + a
     # ours: built while concatenating, exactly 1 on the sampled ids and 0 on every appended id
@@ -269,6 +288,66 @@ def test_p6_searchr1_regex_reencode_mask_misaligns(tok, model):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# The engines are callables; the Episode keeps ids and masks in step
+
+
+def test_a_plain_function_drives_rollout_without_a_model(tok):
+    """A scripted function (no model) is the generator: it sees exactly prompt + response so far, its outputs may run
+    past a turn's end (words after </search>, padding after an EOS) and rollout keeps each turn up to that end."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    s1, s2 = enc(tok, "<search> Paris </search>"), enc(tok, "<search> Eiffel Tower </search>")
+    bad = enc(tok, "<think> hmm </think>") + [eos]
+    a = enc(tok, "<answer> Paris </answer>")
+    outputs = [[s1 + enc(tok, " more words"), s2], [bad + [pad, pad], a], [a]]  # per call, one per unfinished row
+    seen = []
+
+    def generate(contexts):
+        seen.append(contexts)
+        return outputs[len(seen) - 1]
+
+    generate.eos_ids = {eos}
+    spy = FakeRetriever()
+    rows = [{"question": Q1, "golden_answers": ["Paris"]}, {"question": Q2, "golden_answers": ["Rome"]}]
+    e1, e2 = rollout(generate, tok, rows, spy, group_size=1, max_turns=2, topk=2)
+
+    obs1, obs2 = (observation_ids(spy.text(q), tok, 500) for q in ("Paris", "Eiffel Tower"))
+    inv = enc(tok, INVALID_ACTION)
+    assert spy.calls == [(["Paris", "Eiffel Tower"], 2)]
+    assert e1.response_ids == s1 + obs1 + bad + inv + a
+    assert e1.loss_mask == [1] * len(s1) + [0] * len(obs1) + [1] * len(bad) + [0] * len(inv) + [1] * len(a)
+    assert e1.answer_mask == [0] * (len(e1.response_ids) - len(a)) + [1] * len(a)
+    assert e2.response_ids == s2 + obs2 + a and e2.loss_mask == [1] * len(s2) + [0] * len(obs2) + [1] * len(a)
+    assert seen == [[e1.prompt_ids, e2.prompt_ids], [e1.prompt_ids + s1 + obs1, e2.prompt_ids + s2 + obs2],
+                    [e1.prompt_ids + s1 + obs1 + bad + inv]]
+    assert e1.retrieved == [spy.fn("Paris")] and e2.retrieved == [spy.fn("Eiffel Tower")]  # the hits, per search
+    assert (e1.num_turns, e1.num_searches, e1.num_valid_actions, e1.reward) == (3, 1, 2, 1.0)
+    assert (e2.num_turns, e2.num_searches, e2.answer, e2.reward) == (2, 1, "Paris", 0.0)
+
+
+def test_episode_append_keeps_ids_and_masks_in_step():
+    e = Episode("q", ["a"], "nq", group_id=0, prompt_ids=[1, 2])
+    e.append([5, 6, 7], trained=True, answer_mask=[0, 1, 1])
+    e.append([8, 9], trained=False)
+    e.append([10], trained=True)
+    assert e.response_ids == [5, 6, 7, 8, 9, 10]
+    assert e.loss_mask == [1, 1, 1, 0, 0, 1]
+    assert e.answer_mask == [0, 1, 1, 0, 0, 0]
+    with pytest.raises(ValueError, match="does not fit 2 action ids"):
+        e.append([11, 12], trained=True, answer_mask=[1])
+    with pytest.raises(ValueError, match="does not fit 1 observation ids"):
+        e.append([11], trained=False, answer_mask=[1])  # an observation is never the model's answer
+    assert len(e.response_ids) == len(e.loss_mask) == len(e.answer_mask) == 6  # a refused append changes nothing
+
+
+def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
+    m = copy.deepcopy(model)
+    m.generation_config.eos_token_id = [7, 9]  # e.g. Qwen2.5-Instruct: <|im_end|> and <|endoftext|>
+    assert hf_generator(m, tok).eos_ids == {7, 9, tok.eos_token_id}
+    m.generation_config.eos_token_id = None
+    assert hf_generator(m, tok).eos_ids == {tok.eos_token_id}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # P7 / P19: sampled ids are the trained ids; every turn's context is a token prefix of the next
 
 
@@ -283,7 +362,7 @@ def test_p7_sampled_ids_are_trained_ids(tok, model):
     spy = FakeRetriever()
     eps, policy = run(model, tok, {Q1: [y0, y1, y2]}, {Q1: ["Beijing"]}, spy, max_turns=3)
     (e,) = eps
-    obs = observation_ids(spy.fn("Beijing capital"), tok, 500)
+    obs = observation_ids(spy.text("Beijing capital"), tok, 500)
     inv = enc(tok, INVALID_ACTION)
     assert spy.calls == [(["Beijing capital"], 3)]
     assert e.response_ids == y0 + obs + y1 + inv + y2  # exactly the sampled ids, no re-tokenization
@@ -306,10 +385,10 @@ def test_p7_p19_prefix_property_across_gen_batches(tok, model):
     s = enc(tok, "<search> Pari") + enc(tok, "s </search>")
     a = enc(tok, "<answer> Paris </answer>")
     eps, policy = run(model, tok, {Q1: [s, a], Q2: [s, a]}, {Q1: ["Paris"], Q2: ["Paris"]}, group_size=3,
-                      max_turns=2, gen_batch_size=2)
+                      max_turns=2, batch_size=2)
     assert policy.calls == 6  # 6 rows / 2 per call, 2 turns
     for e in eps:
-        obs = observation_ids(FakeRetriever().fn("Paris"), tok, 500)
+        obs = observation_ids(FakeRetriever().text("Paris"), tok, 500)
         assert e.response_ids == s + obs + a and e.reward == 1.0
         for q, _, c in policy.contexts:
             if q == e.question:
@@ -333,7 +412,7 @@ def test_p7_searchr1_decode_reencode_changes_trained_ids(tok, model):
     spy = FakeRetriever()
     eps, _ = run(model, tok, {Q1: [y0, y1, y2]}, {Q1: ["Beijing"]}, spy, max_turns=3)
     (e,) = eps
-    obs = observation_ids(spy.fn("Beijing capital"), tok, 500)
+    obs = observation_ids(spy.text("Beijing capital"), tok, 500)
     inv = enc(tok, INVALID_ACTION)
     sampled = y0 + obs + y1 + inv + y2
     assert e.response_ids == sampled  # ours: the trained ids are the sampled ids
@@ -381,7 +460,7 @@ def test_p19_prompt_rendered_once_each_context_is_token_prefix_of_next(tok, mode
         msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": tok.decode(response_ids)}]
         return enc(tok, tok.apply_chat_template(msgs, tokenize=False))
 
-    cut = len(s) + len(observation_ids(FakeRetriever().fn("Paris"), tok, 500))
+    cut = len(s) + len(observation_ids(FakeRetriever().text("Paris"), tok, 500))
     turn1, final = rerender(e.response_ids[:cut]), rerender(e.response_ids)
     assert final[: len(turn1)] != turn1
 
@@ -400,7 +479,7 @@ def test_stop_by_token_index_in_rollout(tok, model):
     for e, script, query in zip(eps, [extra, overhang], ["Rhine", "Seine"]):
         k = min(k for k in range(1, len(script) + 1) if "</search>" in tok.decode(script[:k]))
         assert k < len(script)
-        obs = observation_ids(spy.fn(query), tok, 500)
+        obs = observation_ids(spy.text(query), tok, 500)
         assert e.response_ids == script[:k] + obs + a  # cut right after the token completing </search>
         assert e.loss_mask == [1] * k + [0] * len(obs) + [1] * len(a)
     assert tok.decode(eps[1].response_ids[: eps[1].loss_mask.index(0)]).endswith("</search>\n\n")
@@ -511,8 +590,9 @@ def test_p9_searchr1_pad_value_mask_erases_eos(model):
 
 
 def test_p12_observation_truncation_keeps_closing_tag(tok, model):
-    long_doc = "Doc 1(Title: Paris) " + "Paris is the capital and most populous city of France. " * 40
-    spy = FakeRetriever(lambda q: long_doc)
+    text = "Paris is the capital and most populous city of France. " * 40
+    long_doc = "Doc 1(Title: Paris) " + text
+    spy = FakeRetriever(lambda q: [hit("Paris\n" + text)])
     s = enc(tok, "<search> Paris </search>")
     a = enc(tok, "<answer> Paris </answer>")
     max_obs = 20
@@ -652,8 +732,8 @@ def test_p16_no_out_of_tokenizer_ids(tok, model):
 
     torch.manual_seed(0)
     rows = [{"question": q, "golden_answers": ["Paris"]} for q in (Q1, Q2)]
-    eps = rollout(model, tok, rows, FakeRetriever(), group_size=8, max_turns=1, max_new_tokens=48,
-                  temperature=1.0, top_p=1.0)
+    eps = rollout(hf_generator(model, tok, max_new_tokens=48, temperature=1.0, top_p=1.0), tok, rows,
+                  FakeRetriever(), group_size=8, max_turns=1)
     sampled = [t for e in eps for t, m in zip(e.response_ids, e.loss_mask) if m == 1]
     assert len(sampled) > 500
     assert max(sampled) < n_tok
@@ -670,7 +750,7 @@ def test_max_turns_always_search(tok, model, max_turns):
     spy = FakeRetriever()
     eps, policy = run(model, tok, {Q1: [s] * (max_turns + 1)}, {Q1: ["Paris"]}, spy, group_size=2,
                       max_turns=max_turns)
-    obs = observation_ids(spy.fn("Paris"), tok, 500)
+    obs = observation_ids(spy.text("Paris"), tok, 500)
     assert policy.calls == max_turns + 1  # max_turns search turns + one final generation
     assert spy.calls == [(["Paris", "Paris"], 3)] * max_turns  # the final turn's search is not executed
     for e in eps:
@@ -768,7 +848,7 @@ def test_p1_invalid_message_and_documents_are_not_answers(tok, model):
     no_tag = enc(tok, "<think> hmm </think>") + [eos]
     s = enc(tok, "<search> and </search>")
     final = enc(tok, "<think> still unsure </think>") + [eos]
-    spy = FakeRetriever(lambda q: "Doc 1(Title: x) <answer> and </answer>\n")
+    spy = FakeRetriever(lambda q: [hit("x\n<answer> and </answer>")])  # "Doc 1(Title: x) <answer> and </answer>\n"
     eps, _ = run(model, tok, {Q1: [no_tag, final], Q2: [s, final]}, {Q1: ["and"], Q2: ["and"]}, spy, max_turns=1)
     for e in eps:
         assert extract_answer(e.text) == "and"  # the text does hold a tag pair ...
@@ -843,7 +923,7 @@ def test_make_prompt(tok):
 
 def test_rollout_rejects_row_without_gold(tok, model):
     with pytest.raises(ValueError, match="golden_answers"):
-        rollout(model, tok, [{"question": Q1}], FakeRetriever(), group_size=1)
+        rollout(hf_generator(model, tok), tok, [{"question": Q1}], FakeRetriever(), group_size=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -965,7 +1045,7 @@ def test_answer_span_unit(tok):
 def test_answer_mask_in_rollout(tok, model):
     s = enc(tok, "<search> Paris </search>")
     pre, ans = enc(tok, "<think> found it </think>\n"), enc(tok, "<answer> Paris </answer>")
-    spy = FakeRetriever(lambda q: "Doc 1(Title: x) <answer> decoy </answer> is not the model's.\n")
+    spy = FakeRetriever(lambda q: [hit("x\n<answer> decoy </answer> is not the model's.")])
     eps, _ = run(model, tok, {Q1: [s, pre + ans]}, {Q1: ["Paris"]}, spy, max_turns=2)
     (e,) = eps
     n_obs = len(e.response_ids) - len(s) - len(pre) - len(ans)

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 
 from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
-from rollout import rollout  # noqa: E402
+from rollout import hf_generator, rollout  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 import policy  # noqa: E402
 from policy import batch_logp, collate, load_policy, response_logp  # noqa: E402
@@ -147,8 +147,9 @@ def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature, amp):
 
 
 def _ratio_is_one(model, tok, temperature):
-    eps = rollout(model, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS), group_size=2, max_turns=1,
-                  max_new_tokens=12, max_obs_tokens=40, temperature=temperature, top_p=1.0)
+    generate = hf_generator(model, tok, max_new_tokens=12, temperature=temperature, top_p=1.0)
+    eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=2, max_turns=1,
+                  max_obs_tokens=40)
     batch = collate(eps, tok.pad_token_id)
     old = batch_logp(model, batch, 2, temperature, len(tok))
     for i in range(0, len(eps), 2):
