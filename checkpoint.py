@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 STEP_RE = re.compile(r"^step_(\d+)$")
 MARKER = "COMPLETE"
 
@@ -179,6 +181,27 @@ def save(out_dir, step: int, write, keep: int = 1) -> Path:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The run folder: is it free, clear it, where a resume continues, stopping at a step's end
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """trainer_state.pt of a checkpoint folder (see save_checkpoint). Raises ValueError naming the file if it cannot be
+    read (a damaged file that kept its size; checkpoint.verify already caught truncation)."""
+    try:
+        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{ckpt / 'trainer_state.pt'}: missing (a model folder, not a training checkpoint)")
+    except Exception as err:  # what unpickling a damaged file raises: EOFError, UnpicklingError, RuntimeError, ...
+        raise ValueError(f"{ckpt / 'trainer_state.pt'}: unreadable ({type(err).__name__}: {err}); resume from an "
+                         "earlier checkpoints/step_N folder") from None
+
+
+
+def open_run(out_dir: Path, resume: str, overwrite: bool, warn=print) -> tuple[Path | None, dict | None, bool]:
+    """Where a train.py run starts: (the checkpoint to resume or None, its trainer state or None, whether out_dir must
+    be cleared first), after check_out_dir. Raises ValueError / OSError with one line for anything that does not fit."""
+    ckpt = resolve(resume, warn=warn) if resume else None
+    state = load_trainer_state(ckpt) if ckpt else None
+    return ckpt, state, check_out_dir(out_dir, resume, ckpt, state["step"] if state else 0, overwrite)
 
 
 def check_out_dir(out_dir: Path, resume: str, ckpt: Path | None, step: int, overwrite: bool) -> bool:

@@ -6,7 +6,7 @@ are summed over ranks (all_reduce), so the loss is the same as one process compu
 algorithm never looks at the world size; only seeding (seed + rank), printing (print0) and saving (rank 0 writes) do.
 Without torchrun the world is one rank and every helper below returns its input.
 
-Saving and resuming a run (save_checkpoint, load_trainer_state, restore) live here too, because under FSDP they are
+Saving and resuming a run (save_checkpoint, restore) live here too, because under FSDP they are
 collectives: every rank joins the gathers of the full weights, optimizer state and RNG states, and rank 0 writes them
 through checkpoint.save (which publishes a step only once it is complete).
 
@@ -29,11 +29,13 @@ import checkpoint
 # Ranks and sharding
 
 
-def setup_dist(fsdp: bool, device: str) -> tuple[int, int, str]:
+def setup_dist(fsdp: bool, device: str, seed: int = 0, multiples: dict | None = None) -> tuple[int, int, str]:
     """(rank, world_size, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nanoGPT); (0, 1, device) without.
 
-    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Raises SystemExit when
-    torchrun starts several ranks without --fsdp (they would train unsynchronised copies).
+    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Seeds python, numpy and torch
+    with seed + rank (each rank samples its own rollouts). multiples: {flag: value} that must divide evenly over the
+    ranks. Raises SystemExit (one line) when torchrun starts several ranks without --fsdp (they would train
+    unsynchronised copies) or a value of `multiples` does not divide.
     """
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and not fsdp:
@@ -51,6 +53,10 @@ def setup_dist(fsdp: bool, device: str) -> tuple[int, int, str]:
 
         dist.init_process_group("nccl" if cuda else "gloo")
         atexit.register(_release_process_group)
+    for flag, value in (multiples or {}).items():
+        if value % world:
+            raise SystemExit(f"error: {flag} {value} must be a multiple of the {world} ranks")
+    random.seed(seed + rank), np.random.seed(seed + rank), torch.manual_seed(seed + rank)
     return rank, world, device
 
 
@@ -185,21 +191,8 @@ def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, step: int, state
     return checkpoint.save(out_dir, step, write, keep)
 
 
-def load_trainer_state(ckpt: Path) -> dict:
-    """trainer_state.pt of a checkpoint folder (see save_checkpoint). Raises ValueError naming the file if it cannot be
-    read (a damaged file that kept its size; checkpoint.verify already caught truncation)."""
-    try:
-        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{ckpt / 'trainer_state.pt'}: missing (a model folder, not a training checkpoint)")
-    except Exception as err:  # what unpickling a damaged file raises: EOFError, UnpicklingError, RuntimeError, ...
-        raise ValueError(f"{ckpt / 'trainer_state.pt'}: unreadable ({type(err).__name__}: {err}); resume from an "
-                         "earlier checkpoints/step_N folder") from None
-
-
-
 def restore(model, optimizer, scheduler, state: dict):
-    """Put a trainer_state (load_trainer_state) back: optimizer (sharded again under FSDP), lr scheduler, and this
+    """Put a trainer_state (checkpoint.load_trainer_state) back: optimizer (sharded again under FSDP), lr scheduler, and this
     rank's RNG states, so the resumed run samples and updates exactly as the uninterrupted one. Raises SystemExit
     if the checkpoint was saved by another number of ranks (each rank's RNG state is its own)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

@@ -48,10 +48,12 @@ Run `python rollout.py` for a demo of the prompt, reward and observation format 
 `python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
 """
 
+import contextlib
 import re
 import string
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import GenerationConfig
 
@@ -178,6 +180,15 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
     for r in rows:
         r["data_source"] = r["data_source"] or default_source
     return rows
+
+
+def next_prompts(rows: list[dict], order: list[int], n: int, seed: int) -> tuple[list[dict], list[int]]:
+    """The next n questions of `rows` and the order left after them. `order` holds the indices still to come in this
+    epoch; when fewer than n remain, a new epoch's seeded permutation is appended (numpy default_rng(seed)), so every
+    question comes once per epoch, and the order (saved in checkpoints) makes a resumed run take the same questions."""
+    if len(order) < n:
+        order = order + np.random.default_rng(seed).permutation(len(rows)).tolist()
+    return [rows[i] for i in order[:n]], order[n:]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -378,6 +389,19 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     return generate
 
 
+@contextlib.contextmanager
+def diverged_sampling(step: int):
+    """Around a rollout: sampling from a policy whose logits overflowed fails inside torch.multinomial with a
+    RuntimeError; say what it means instead (SystemExit, one line naming the training step)."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "probability tensor contains" in str(err):
+            raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower "
+                             "--lr)") from None
+        raise
+
+
 def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 5, max_turns: int = 3,
             max_obs_tokens: int = 500, topk: int = 3) -> list[Episode]:
     """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
@@ -441,6 +465,28 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
         e.reward = em_check(e.answer, e.golden_answers)
     return episodes
 
+
+
+STATS = ("reward", "num_searches", "num_turns", "num_valid_actions", "num_valid_searches")  # episode_stats' columns
+
+
+def episode_stats(episodes: list[Episode]) -> torch.Tensor:
+    """[B, 5] float32: each Episode's STATS, a tensor so that train.py can gather it over ranks."""
+    return torch.tensor([[float(getattr(e, k)) for k in STATS] for e in episodes], dtype=torch.float32)
+
+
+def rollout_metrics(stats: torch.Tensor, loss_mask: torch.Tensor, group_size: int) -> dict:
+    """What a batch of trajectories did, from episode_stats [B, 5] and loss_mask [B, T] (groups contiguous): mean
+    reward; executed searches and valid <search> calls per trajectory (LLDS-MA's V, which counts a final-turn <search>
+    too); the share of generation turns that were a valid action; model tokens per trajectory; and the share of groups
+    whose rewards are all equal (they give GRPO no signal)."""
+    reward, searches, turns, valid_actions, valid_searches = stats.T
+    groups = reward.view(-1, group_size)  # [prompts, G]
+    return {"rollout/reward": reward.mean().item(), "rollout/searches_per_traj": searches.mean().item(),
+            "rollout/valid_searches_per_traj": valid_searches.mean().item(),
+            "rollout/valid_action_ratio": valid_actions.sum().item() / max(turns.sum().item(), 1),
+            "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
+            "rollout/frac_zero_std_groups": (groups.max(1).values == groups.min(1).values).float().mean().item()}
 
 # ----------------------------------------------------------------------------------------------------------------------
 

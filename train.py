@@ -1,29 +1,23 @@
-"""Train a search agent with GRPO + LLDS, the paper's loop: rollout -> reward -> group advantages -> log-probs ->
-loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save.
-
-Each step samples G trajectories for each of --prompts-per-step questions (rollout.py: Search-R1's multi-turn
-<search>/<answer> loop against a BM25 retriever, retriever.py; reward = exact match), turns rewards into group-relative
-advantages (grpo.py), computes the log-probs of the policy that sampled and of the frozen reference (policy.py), and
-takes several optimizer steps over mini-batches of the trajectories (update): from the second one on, the policy
-differs from the one that sampled, which is where LLDS (llds.py) acts; with one update per batch the Delta of v2 Sec.
-5.5 is ~0 and so is LLDS (the authors' train_grpo_nqhot.sh makes 512 x 5 / 256 = 10 updates per rollout batch). As
-the official LLDS code (a veRL 0.1 fork of Search-R1, dp_actor.py) runs it; fsdp.py runs it on N ranks.
+"""Train a search agent with GRPO + LLDS, in the paper's order: rollout -> reward -> group advantages -> log-probs ->
+loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save, as the official LLDS code (a veRL 0.1 fork of
+Search-R1, dp_actor.py) runs it. Each step's trajectories feed several optimizer mini-batches: from the second on, the
+policy is no longer the one that sampled, which is where LLDS acts (with one update per batch the Delta of v2 Sec.
+5.5 is ~0; the authors' script makes 512 x 5 / 256 = 10 updates per rollout batch). fsdp.py runs it on N ranks.
 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                # the paper's setting (a big GPU, the hub)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16       # one smaller GPU
     torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp --grad-ckpt  # 8 GPUs
 
-Outputs in --out-dir: metrics.jsonl (one JSON object per step), rollouts_step{N}.jsonl (full trajectories as text) and
-checkpoints/step_N/ (checkpoint.py: a kill or a full disk never leaves less than one complete checkpoint); rerun the
-same command with --resume <out-dir> to continue exactly. `python train.py --help` lists every option by section.
+--out-dir gets metrics.jsonl (a JSON object per step), rollouts_step{N}.jsonl and checkpoints/ (rerun with --resume
+<out-dir> to continue exactly). `python train.py --help` lists every option by section.
 """
 
+import argparse
 import contextlib
 import dataclasses
 import inspect
 import json
 import math
-import random
 import re
 import shutil
 import signal
@@ -38,20 +32,15 @@ from tqdm import tqdm
 
 import checkpoint
 from checkpoint import atomic_write
-from fsdp import (all_finite, all_reduce, full_weights, gather_rows, load_trainer_state, print0, restore,
-                  save_checkpoint, setup_dist, shard)
-from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
-from grpo import REDUCE as GRPO_REDUCE
+from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
+from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
 from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
                     save_reference)
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import check_obs_budget, hf_generator, load_questions, rollout
-
-DATA_HELP = ("make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA from the hub), or pass "
-             "--train-data FILE|HUB_ID (e.g. PeterJinGo/nq_hotpotqa_train, the paper's) and --corpus FILE")
-
+from rollout import (check_obs_budget, diverged_sampling, episode_stats, hf_generator, load_questions, next_prompts,
+                     rollout, rollout_metrics)
 
 @dataclass
 class Args:
@@ -116,16 +105,15 @@ class Args:
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
 
 
-_at_least = lambda n: (lambda v: v >= n, f">= {n}")  # noqa: E731
 RANGES = {  # Args field -> (valid?, the valid range in words); every number is checked before the run starts
     **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
-                     "llds_ma_weight"), _at_least(0)),
+                     "llds_ma_weight"), (lambda v: v >= 0, ">= 0")),
     **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "gen_batch_size",
                      "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
-                     "keep_checkpoints", "alarm_k"), _at_least(1)),
+                     "keep_checkpoints", "alarm_k"), (lambda v: v >= 1, ">= 1")),
     **dict.fromkeys(("temperature", "lr", "grad_clip", "clip_eps_high"), (lambda v: v > 0, "> 0")),
-    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
@@ -137,8 +125,6 @@ CHOICES = {  # Args field -> its valid values, taken from the table that impleme
 def parse_args(argv=None) -> Args:
     """argparse over the Args fields: --field-name VALUE for each, help from the field's comment, grouped by the
     `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
-    import argparse
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     group, groups, docs = None, {}, {}
     for line in inspect.getsource(Args).splitlines():
@@ -173,9 +159,8 @@ REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values comb
 
 
 def add_metrics(acc: dict, metrics: dict, share: float):
-    """Fold one micro-batch's loss metrics into the mini-batch's `acc`, as REDUCE says: "sum" adds (the value is
-    already divided by the mini-batch's totals), "mean" adds value * share (the micro-batch's fraction of the
-    mini-batch's tokens), "max" keeps the largest. Raises KeyError for a metric REDUCE does not list."""
+    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as REDUCE says ("mean": weighted by `share`, the
+    micro-batch's fraction of the mini-batch's tokens). Raises KeyError for a metric REDUCE does not list."""
     for k, v in metrics.items():
         if k not in REDUCE:
             raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE ('sum', 'mean', 'max')")
@@ -184,9 +169,8 @@ def add_metrics(acc: dict, metrics: dict, share: float):
 
 
 def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[torch.Tensor | None, dict]:
-    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, with V = the batch mean over every rank of
-    Episode.num_valid_searches (the code's count: a <search> of the final answer-only turn counts too, though it is not
-    executed; dp_actor.py:275-277). (None, {}) with --llds-ma off."""
+    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of Episode.num_valid_searches over
+    every rank's trajectories (dp_actor.py:275-277); (None, {}) with --llds-ma off."""
     if args.llds_ma == "off":
         return None, {}
     n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
@@ -195,15 +179,11 @@ def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[tor
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int,
            amp=contextlib.nullcontext()):
-    """The optimizer steps of one rollout step: sequential mini-batches, gradient accumulation over micro-batches.
+    """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
 
     batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
-    adv [B]. mini_batch_size: this rank's share of a mini-batch (args.mini_batch_size / world size); the mini-batch is
-    the union of every rank's share, so its token and sequence counts are summed over ranks (P14: the mini-batch's
-    count, not the micro-batch's) and the loss is the same as one process computing it all.
-    vocab_size: the tokenizer's (logits beyond it are dropped, P16). amp: a context entered around each micro-batch's
-    forward and loss (bf16 autocast without its weight cache, which would hold stale weights after an optimizer step
-    and a bf16 copy of them at the memory peak); backward and the optimizer step run outside it.
+    adv [B]. mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks
+    (P14), so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
     Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
     stepped, False if a non-finite loss or grad norm skipped it).
     """
@@ -252,98 +232,69 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
 
 
 def load_run(args: Args, rank: int, world: int, device: str):
-    """Everything a run starts from, checked before the first step: the checkpoint to resume (or None) and its
-    trainer state, the questions, the retriever, the policy and tokenizer. Bad input (a missing file, a bad row, an
-    unreachable server or hub, an out-dir that holds another run) exits with one line, never a traceback."""
+    """What a run starts from, all checked before step 1: the checkpoint to resume and its state (or None), the
+    questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
     try:
-        ckpt = checkpoint.resolve(args.resume, warn=print0) if args.resume else None
-        state = load_trainer_state(ckpt) if ckpt else None
-        clear = checkpoint.check_out_dir(Path(args.out_dir), args.resume, ckpt, state["step"] if state else 0,
-                                         args.overwrite)
+        ckpt, state, clear = checkpoint.open_run(Path(args.out_dir), args.resume, args.overwrite, warn=print0)
         for flag, path in (("--train-data", args.train_data), ("--corpus", args.corpus)):
-            if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():
-                raise FileNotFoundError(f"{flag} {path}: not found; {DATA_HELP}")
+            if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():  # the defaults
+                raise FileNotFoundError(f"{flag} {path}: not found; make it with `python scripts/prepare_data.py "
+                                        "--out-dir data/hotpotqa` (HotpotQA from the hub), or pass --train-data "
+                                        "FILE|HUB_ID (e.g. PeterJinGo/nq_hotpotqa_train, the paper's) and --corpus FILE")
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
             raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the {len(rows)} questions in "
                              f"{args.train_data}: each step takes that many distinct questions")
-        # "auto": fp32 master weights; on GPU the passes run in bf16 (autocast, or FSDP's mixed precision)
-        dtype = "float32" if args.dtype == "auto" else args.dtype
+        dtype = "float32" if args.dtype == "auto" else args.dtype  # fp32 master weights; bf16 passes: --amp or FSDP
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
         if rank == 0:
             checkpoint.prepare_out_dir(Path(args.out_dir), clear, dataclasses.asdict(args))
             if args.ref_offload and args.kl_coef != 0.0:  # the reference, written once in --ref-dtype
                 save_reference(args.model, args.ref_dtype, tokenizer, Path(args.out_dir) / ".ref")
-        ref_model = None  # the frozen initial policy (--model, also when resuming); loaded each step if offloaded
-        if args.kl_coef != 0.0 and not args.ref_offload:
-            ref_model = load_reference(args.model, args.ref_dtype, device)
+
+        def reference(offload_dir=None):  # the frozen initial policy (--model, also when resuming) for the KL term
+            ref = load_reference(args.model, args.ref_dtype, device, offload_dir)
+            return shard(ref) if args.fsdp else ref
+        kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
+        ref_model = lambda: kept if kept is not None else reference(Path(args.out_dir) / ".ref")  # noqa: E731
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
-    return ckpt, state, rows, retriever, model, ref_model, tokenizer, device
-
-
-def reference_logp(args: Args, batch, device: str, ref_model, vocab_size: int) -> torch.Tensor | None:
-    """ref_logp [B, T] of the frozen initial policy (None with --kl-coef 0). With --ref-offload the reference is read
-    from OUT_DIR/.ref for this pass only and freed before the update."""
-    if args.kl_coef == 0.0:
-        return None
-    ref = ref_model
-    if ref is None:  # --ref-offload
-        ref = load_reference(args.model, args.ref_dtype, device, Path(args.out_dir) / ".ref")
-        ref = shard(ref) if args.fsdp else ref
-    return batch_logp(ref, batch, args.micro_batch_size, args.temperature, vocab_size)
+    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params on "
+           f"{world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
+           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {args.out_dir}")
+    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None
 
 
 def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr,
                  args: Args) -> dict:
-    """The step's metrics over every rank's trajectories: rollout statistics, the mean of the mini-batches' loss
-    metrics, and the paper's likelihood diagnostics (v2 Sec. 4-5: log-likelihood change of correct and incorrect
-    responses, llds.likelihood_diagnostics) with the official code's monitoring keys (llds.official_metrics)."""
-    loss_mask = gather_rows(batch["loss_mask"])
-    stats = gather_rows(torch.tensor([[e.reward, e.num_searches, e.num_turns, e.num_valid_actions,
-                                       e.num_valid_searches] for e in episodes], dtype=torch.float32))
-    rewards = stats[:, 0]
+    """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
+    paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
+    mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)
+    stats = gather_rows(episode_stats(episodes))  # [B over all ranks, 5]
     metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
-    metrics.update({
-        "rollout/reward": rewards.mean().item(),
-        "rollout/searches_per_traj": stats[:, 1].mean().item(),
-        "rollout/valid_searches_per_traj": stats[:, 4].mean().item(),  # LLDS-MA's V (a final-turn <search> too)
-        "rollout/valid_action_ratio": stats[:, 3].sum().item() / max(stats[:, 2].sum().item(), 1),
-        "rollout/response_tokens": loss_mask.sum(-1).mean().item(),
-        "rollout/frac_zero_std_groups": float(np.mean([len(set(g.tolist())) == 1
-                                                       for g in rewards.split(args.group_size)])),
-        "grpo/grad_norm": float(np.mean(grad_norms)),
-        "grpo/skipped_steps": stepped.count(False),
-        "grpo/lr": lr,
-    })
-    old_all, new_all = gather_rows(old_logp), gather_rows(new_logp)
-    metrics.update(likelihood_diagnostics(old_all, new_all, loss_mask, rewards))
-    metrics.update(official_metrics(old_all, new_all, gather_rows(adv[:, None])[:, 0], loss_mask,
-                                    gather_rows(batch["answer_mask"]),
+    metrics.update({"grpo/grad_norm": float(np.mean(grad_norms)), "grpo/skipped_steps": stepped.count(False),
+                    "grpo/lr": lr, **rollout_metrics(stats, mask, args.group_size)})
+    metrics.update(likelihood_diagnostics(old, new, mask, stats[:, 0]))
+    metrics.update(official_metrics(old, new, gather_rows(adv[:, None])[:, 0], mask, gather_rows(batch["answer_mask"]),
                                     gather_rows(ref_logp) if ref_logp is not None else None))
     return metrics
 
 
-def make_optimizer(model, args: Args):
-    """AdamW (fused: one in-place kernel per tensor, no temporaries at the memory peak) and the code's lr schedule: a
-    linear warmup from 0 over --warmup-ratio of the steps, then constant; stepped once per rollout step."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
-                                  fused=True)
-    warmup = int(args.warmup_ratio * args.steps)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
-
-
-def log_step(step: int, metrics: dict, history: list, episodes, adv, args: Args, rank: int):
-    """metrics.jsonl (the whole history, rewritten atomically), one console line, and every --log-rollouts-every steps
-    (and at step 1) a few full trajectories as text in rollouts_step{N}.jsonl."""
-    out_dir = Path(args.out_dir)
+def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank: int):
+    """The LLD alarm (llds.lld_alarm), metrics.jsonl (the whole history, rewritten atomically), one console line, and
+    at step 1 and every --log-rollouts-every steps a few full trajectories as text (rollouts_step{N}.jsonl)."""
+    out_dir, before = Path(args.out_dir), history[-2]["alarm/phase"] if len(history) > 1 else ""
+    m["alarm/phase"] = lld_alarm([h.get("diag/delta_correct") for h in history],
+                                 [h["grpo/grad_norm"] for h in history], k=args.alarm_k)
+    if m["alarm/phase"] and m["alarm/phase"] != before:
+        print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses fell or "
+               f"stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
     if rank == 0:
-        atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in history))
-    m = metrics  # the console line (README.md: "Reading a step line")
+        atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | kl {m.get('grpo/kl', 0):.5f}"
            f" | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
            f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
@@ -354,68 +305,47 @@ def log_step(step: int, metrics: dict, history: list, episodes, adv, args: Args,
         atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
 
 
-def check_health(model, new_logp, loss_mask, bad: int, step: int, args: Args):
-    """Stop (SystemExit, one line) after --max-bad-steps consecutive skipped optimizer steps, or when the update left
-    non-finite weights or log-probs: never a checkpoint of a diverged policy (the next step's sampling would crash)."""
+def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args) -> int:
+    """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at --max-bad-steps, or when
+    the update left non-finite weights or log-probs: never a checkpoint of a diverged policy."""
+    for ok in stepped:
+        bad = 0 if ok else bad + 1
     if bad >= args.max_bad_steps:
         raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
                          f"skipped (step {step}): the policy collapsed or diverged, see {args.out_dir}/metrics.jsonl")
     if not all_finite(model, new_logp, loss_mask):
         raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs (the policy diverged; "
                          f"--lr {args.lr:g}?); not saved. {checkpoint.resume_note(Path(args.out_dir))}")
-
-
-@contextlib.contextmanager
-def diverged_sampling(step: int):
-    """Sampling from a policy whose logits overflowed fails inside torch.multinomial; say what it means instead."""
-    try:
-        yield
-    except RuntimeError as err:
-        if "probability tensor contains" not in str(err):
-            raise
-        raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower --lr)") \
-            from None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
+    return bad
 
 
 def main(args: Args):
-    rank, world, device = setup_dist(args.fsdp, args.device)
-    random.seed(args.seed + rank), np.random.seed(args.seed + rank), torch.manual_seed(args.seed + rank)
-    if args.prompts_per_step % world or args.mini_batch_size % world:
-        raise SystemExit(f"error: --prompts-per-step {args.prompts_per_step} and --mini-batch-size "
-                         f"{args.mini_batch_size} must be multiples of the {world} ranks")
-    ckpt, state, rows, retriever, model, ref_model, tokenizer, device = load_run(args, rank, world, device)
+    rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
+                                                                           "--mini-batch-size": args.mini_batch_size})
+    ckpt, state, rows, retriever, model, tokenizer, device, ref_model = load_run(args, rank, world, device)
     out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
     if args.grad_ckpt:
         enable_grad_ckpt(model)
-    if args.fsdp:
-        model, ref_model = shard(model), ref_model and shard(ref_model)
-    optimizer, scheduler = make_optimizer(model, args)
-    order = np.random.default_rng(args.seed).permutation(len(rows)).tolist()  # data order: seeded epochs, no repeats
-    history, start, bad, phase = [], 1, 0, ""  # bad: consecutive skipped optimizer steps
+    model = shard(model) if args.fsdp else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
+                                  fused=True)  # fused: one in-place kernel per tensor, no temporaries at the peak
+    warmup = int(args.warmup_ratio * args.steps)  # the code's schedule: linear from 0, then constant (per step)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
+    history, order, start, bad = [], [], 1, 0  # order: this epoch's questions to come; bad: skipped optimizer steps
     if state:
         restore(model, optimizer, scheduler, state)
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
-        print0(f"resumed {ckpt} at step {state['step']}")
+        print0(f"resumed {ckpt} at step {state['step']}" + (f"; nothing to do, --steps is {args.steps}"
+                                                            if start > args.steps else ""))
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
     generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, batch_size=args.gen_batch_size)  # sampling, as the paper's code
-    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params on "
-           f"{world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
-           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {out_dir}")
-    if start > args.steps:
-        print0(f"nothing to do: {ckpt} is at step {start - 1} and --steps is {args.steps}")
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
     with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = time.time()
-            if len(order) < args.prompts_per_step:  # the next epoch, in a new seeded order
-                order += np.random.default_rng(args.seed + step).permutation(len(rows)).tolist()
-            prompts, order = [rows[i] for i in order[:args.prompts_per_step]], order[args.prompts_per_step:]
-            share = args.prompts_per_step // world  # this rank's prompts: whole groups stay on one rank
-            prompts = prompts[rank * share:(rank + 1) * share]
+            prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
+            prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
             # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
             with full_weights(model), amp(), diverged_sampling(step):
                 episodes = rollout(generate, tokenizer, prompts, retriever.search, group_size=args.group_size,
@@ -427,7 +357,8 @@ def main(args: Args):
             batch = collate(episodes, tokenizer.pad_token_id)
             with amp():
                 old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T]
-                ref_logp = reference_logp(args, batch, device, ref_model, vocab_size)  # [B, T] or None
+                ref_logp = batch_logp(ref_model(), batch, args.micro_batch_size, args.temperature, vocab_size) \
+                    if ref_model else None  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
             t_update = time.time()
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
@@ -441,19 +372,11 @@ def main(args: Args):
             metrics = {"step": step, **step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
                                                     grad_norms, stepped, lr, args), **ma_metrics}
             history.append(metrics)
-            metrics["alarm/phase"] = lld_alarm([m.get("diag/delta_correct") for m in history],
-                                               [m["grpo/grad_norm"] for m in history], k=args.alarm_k)
-            if metrics["alarm/phase"] and metrics["alarm/phase"] != phase:
-                print0(f"LLD alarm at step {step}: {metrics['alarm/phase']} (the likelihood of correct responses fell"
-                       f" or stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
-            phase = metrics["alarm/phase"]
             metrics.update({"perf/rollout_s": t_rollout - t0, "perf/logp_s": t_update - t_rollout,
                             "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
             # 6. log and save
-            for ok in stepped:  # consecutive skipped optimizer steps, across rollout steps
-                bad = 0 if ok else bad + 1
             log_step(step, metrics, history, episodes, adv, args, rank)
-            check_health(model, new_logp, batch["loss_mask"], bad, step, args)
+            bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args)
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:
                 saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {
