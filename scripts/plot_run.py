@@ -1,0 +1,148 @@
+"""Plot a training run's death-spiral diagnostics (v2 Sec. 5.1, Figs. 2, 4, 8, 9b) from train.py's metrics.jsonl.
+
+One panel per quantity (reward, log-likelihood of correct and incorrect responses and their change over a step,
+gradient norm, entropy, LLDS gate rate and penalty, searches), one line per run, so a GRPO run and a GRPO + LLDS run
+can be compared at a glance: in the paper the likelihood of correct responses falls first, the gradient norm then
+spikes, and reward collapses last.
+
+    python scripts/plot_run.py runs/l0 runs/l02 --out spiral.png    # two runs, one figure
+    python scripts/plot_run.py runs/default                          # -> runs/default/diagnostics.png
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from retriever import read_jsonl  # noqa: E402
+
+
+PANELS = (  # (title, y label, ((metrics key, line style, legend suffix), ...))
+    ("Reward", "EM reward, mean over trajectories", (("rollout/reward", "-", ""),)),
+    ("Log-likelihood of responses", "log π (nats / token)",
+     (("diag/logp_correct", "-", "correct"), ("diag/logp_incorrect", ":", "incorrect"))),
+    ("Per-step likelihood change over the update", "Δ log π (nats / response)",
+     (("diag/delta_correct", "-", "correct"), ("diag/delta_incorrect", ":", "incorrect"))),
+    ("Gradient norm", "pre-clip L2 norm (log scale)", (("grpo/grad_norm", "-", ""),)),
+    ("Entropy", "nats / token", (("grpo/entropy", "-", ""),)),
+    ("LLDS gate rate", "fraction of units gated", (("llds/gate_rate", "-", ""),)),
+    ("LLDS penalty", "loss value, before λ", (("llds/penalty", "-", ""),)),
+    ("Searches", "searches / trajectory", (("rollout/searches_per_traj", "-", ""),)),
+)
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The step records of RUN_DIR/metrics.jsonl. FileNotFoundError if absent; ValueError naming file:line if a line
+    is not a JSON object with a numeric "step", or if there is no step at all."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir} (is it a train.py --out-dir?)")
+    history = []
+    for n, m in read_jsonl(path):  # ValueError naming file:line for bad bytes or JSON
+        if not isinstance(m, dict) or not _num(m.get("step")):
+            raise ValueError(f"{path}:{n}: expected a JSON object with a numeric 'step'")
+        history.append(m)
+    if not history:
+        raise ValueError(f"{path}: empty, no step logged yet")
+    return history
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def series(history: list[dict], key: str) -> tuple[list, list]:
+    """(steps, values) of `key`, skipping steps where it is missing, null, non-numeric or not finite."""
+    pts = [(m["step"], m[key]) for m in history if _num(m.get(key))]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def run_label(run_dir) -> str:
+    """"runs/l0 (λ=0)": the run folder and its args.json `llds` (lambda), when there is one."""
+    try:
+        return f"{run_dir} (λ={json.loads((Path(run_dir) / 'args.json').read_text())['llds']:g})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(run_dir)
+
+
+def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
+    """Overlay the runs on PANELS; star the steps with an LLD alarm (alarm/phase, llds.lld_alarm) on the likelihood
+    panel, name each new phase, and line its first step on every panel. Writes a PNG to `out` and returns its path."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    if labels and len(labels) != len(run_dirs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
+    runs = [(labels[i] if labels else run_label(d), read_metrics(d)) for i, d in enumerate(run_dirs)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), sharex=True, layout="constrained")
+    for ax, (title, ylabel, lines) in zip(axes.flat, PANELS):
+        for i, (label, history) in enumerate(runs):
+            for key, style, part in lines:
+                xs, ys = series(history, key)
+                if xs:  # dots too on short runs, where a line alone hides single steps
+                    ax.plot(xs, ys, style, color=colors[i % len(colors)], lw=1.6, label=f"{label} {part}".strip(),
+                            marker="o" if len(xs) <= 20 else None, ms=3)
+        if not ax.lines:  # e.g. diag/delta_correct in runs from before it was logged
+            ax.text(0.5, 0.5, "not logged in these runs:\n" + "\n".join(k for k, _, _ in lines), ha="center",
+                    va="center", transform=ax.transAxes, color="gray")
+        elif title == "Gradient norm" and all(y > 0 for ln in ax.lines for y in ln.get_ydata()):
+            ax.set_yscale("log")  # the collapse spikes the norm by orders of magnitude
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ll = axes.flat[1]
+    for i, (label, history) in enumerate(runs):
+        color, logp = colors[i % len(colors)], dict(zip(*series(history, "diag/logp_correct")))
+        flagged = [(m["step"], m["alarm/phase"]) for m in history if isinstance(m.get("alarm/phase"), str)
+                   and m["alarm/phase"]]
+        dots = [(s, logp[s]) for s, _ in flagged if s in logp]
+        if dots:
+            ll.plot(*zip(*dots), "o", color="red", ms=4, label=f"{label}: LLD alarm")
+        for k, (step, phase) in enumerate(flagged):
+            if k == 0 or flagged[k - 1][1] != phase:  # a new phase starts here: star, line and name
+                if step in logp:
+                    ll.plot(step, logp[step], "*", color="red", mec="black", ms=14)
+                for ax in axes.flat:
+                    ax.axvline(step, color=color, ls="--", lw=0.8, alpha=0.6)
+                for ax in axes.flat[:2]:
+                    ax.text(step, 0.02, f" {phase}", transform=ax.get_xaxis_transform(), rotation=90, va="bottom",
+                            ha="right", fontsize=8, color="red")
+    for ax in axes.flat[:2]:
+        if ax.lines:
+            ax.legend(fontsize=8, loc="best")
+    fig.suptitle("LLD death-spiral diagnostics (cf. arXiv 2512.04220, Fig. 2): " + ", ".join(l for l, _ in runs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dirs", nargs="+", help="train.py --out-dir folders (each with metrics.jsonl)")
+    ap.add_argument("--out", help="PNG path (default: RUN_DIR/diagnostics.png for one run, else ./diagnostics.png)")
+    ap.add_argument("--labels", nargs="+", help="legend label per run (default: folder and its λ)")
+    args = ap.parse_args(argv)
+    out = args.out or (Path(args.run_dirs[0]) / "diagnostics.png" if len(args.run_dirs) == 1 else "diagnostics.png")
+    try:
+        print(f"wrote {plot_runs(args.run_dirs, out, args.labels)}")
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
