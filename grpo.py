@@ -14,7 +14,8 @@ Masks are float [B, T]: 1 on tokens the policy generated, 0 on prompt, retrieved
     L      = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))        dp_actor.py
 
 "ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., "Group Sequence Policy
-Optimization", arXiv 2507.18071, its GSPO-token form; Eq. (?) TODO verify) is the code's USE_GSPO=true branch
+Optimization", arXiv 2507.18071, Sec. 4.3, its GSPO-token form, whose gradient (Eq. 18) is GSPO's (Eq. 11)
+when every token of a response has the same advantage, as here) is the code's USE_GSPO=true branch
 (dp_actor.py lines 330-341), for the paper's GSPO rows. eps_high > eps is DAPO's "clip-higher" (Yu et al., arXiv
 2503.14476, Sec. 3.1); the code has eps_high = eps for both losses (core_algos.py lines 193, 283-284), and its GSPO
 clips the sequence ratio with the PPO clip_ratio 0.2 (ppo_trainer.yaml line 34; the script does not override it), far

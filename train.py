@@ -111,9 +111,10 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every number is 
     **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "gen_batch_size",
                      "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
                      "keep_checkpoints", "alarm_k"), (lambda v: v >= 1, ">= 1")),
-    **dict.fromkeys(("temperature", "lr", "grad_clip", "clip_eps_high"), (lambda v: v > 0, "> 0")),
+    **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
+    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
@@ -195,8 +196,7 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), ((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum(),
                                                     mini.stop - mini.start])
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
-        # LLDS "paper" normalisation of the response / token gates (Eqs. 9, 10): the model tokens of A >= 0 responses
-        num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)
+        num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)  # Eqs. 9, 10
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))

@@ -165,6 +165,7 @@ def speed_table(args):
 
 
 def main():
+    global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(DATA), help="folder with corpus.jsonl and question files (*.jsonl) whose "
                     "metadata lists supporting_titles (default: scripts/prepare_data.py's output)")
@@ -178,7 +179,6 @@ def main():
     ap.add_argument("--cache", default="/tmp", help="folder for the cache load timing")
     ap.add_argument("--one", nargs=2, metavar=("ENGINE", "SIZE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DATA
     DATA = Path(args.data)
     os.environ["BENCH_DATA"] = args.data  # the --one subprocesses
     if not (DATA / "corpus.jsonl").is_file():

@@ -145,6 +145,7 @@ def fsdp_part():
 
 
 def main():
+    global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
@@ -157,7 +158,6 @@ def main():
     ap.add_argument("--qwen", default="Qwen/Qwen2.5-0.5B-Instruct", help="the qwen0.5b model: hub id or folder")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    global DATA
     DATA = Path(a.data)
     os.environ.update(BENCH_DATA=a.data, BENCH_QWEN=a.qwen)  # the --child subprocesses
     if a.child:

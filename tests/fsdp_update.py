@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import fsdp  # noqa: E402
 import policy  # noqa: E402
+from fsdp import setup_dist, shard  # noqa: E402
 import train  # noqa: E402
 from grpo import group_advantages  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
@@ -48,14 +48,14 @@ def episodes(step):
 
 def two_steps(fsdp: bool = False, micro_batch_size: int = 2) -> list[dict]:
     """Run the two steps; returns (on rank 0) one record per step: metrics per mini-batch, grad norms, weights."""
-    rank, world, _ = fsdp.setup_dist(fsdp, "cpu")
+    rank, world, _ = setup_dist(fsdp, "cpu")
     args = train.parse_args(["--mini-batch-size", str(M), "--micro-batch-size", str(micro_batch_size), "--lr", "1e-3",
                              "--kl-coef", "0.01", "--llds", "0.5", "--warmup-ratio", "0"])
     tok = build_tokenizer()
     model = build_model(tok, seed=0)
     ref = build_model(tok, seed=0).requires_grad_(False)
     if fsdp:
-        model, ref = fsdp.shard(model), fsdp.shard(ref)
+        model, ref = shard(model), shard(ref)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False)
     log = []
     for step in range(2):
