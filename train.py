@@ -236,7 +236,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
     questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
     try:
         ckpt, state, clear = checkpoint.open_run(Path(args.out_dir), args.resume, args.overwrite, warn=print0)
-        for flag, path in (("--train-data", args.train_data), ("--corpus", args.corpus)):
+        for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
             if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():  # the defaults
                 raise FileNotFoundError(f"{flag} {path}: not found; make it with `python scripts/prepare_data.py "
                                         "--out-dir data/hotpotqa` (HotpotQA from the hub), or pass --train-data "
