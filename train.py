@@ -137,7 +137,7 @@ def parse_args(argv=None) -> Args:
         kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else \
             {"type": f.type if f.type in (int, float) else str}
         groups[f.name].add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
-                                    help=f"{docs[f.name]} (default: {f.default})")
+                                    help=f"{docs[f.name]} (default: {'unset' if f.default in (None, '') else f.default})")
     args = Args(**vars(ap.parse_args(argv)))
     if args.clip_eps_high is None:  # (unset) the code's symmetric clip unless asked otherwise
         args.clip_eps_high = args.clip_eps

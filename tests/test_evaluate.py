@@ -142,7 +142,7 @@ def test_paper_rows_are_self_consistent():
     assert E.paper_row("3B-Ins +LLDS")[9] == 0.441 and E.paper_row("7B-Ins +LLDS (λ=0.3)")[0] == 0.518
 
 
-@pytest.mark.skipif(not SPEC.exists(), reason="needs ../shared/SPEC.md")
+@pytest.mark.skipif(not SPEC.exists(), reason="needs the maintainers' notes on the paper (not part of the repository)")
 def test_paper_rows_are_copied_exactly_from_spec():
     spec = {}
     for line in SPEC.read_text(encoding="utf-8").splitlines():
