@@ -350,3 +350,19 @@ def test_truncated_or_damaged_trainer_state_is_one_clear_line(files, reference):
     with pytest.raises(SystemExit, match=re.escape(f"{state}: unreadable (")):
         train(files, out, "--steps", "4", "--resume", str(out))
     assert state.exists() and len(metrics(out)) == 3
+
+
+def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
+    """`python checkpoint.py RUN` (the file run alone): each checkpoint, whether it is complete, and the one --resume
+    would take; a damaged newest one is named and skipped."""
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, lambda folder: (folder / "weights.bin").write_bytes(b"x" * 100), keep=2)
+    with open(checkpoint.step_dir(tmp_path, 2) / "weights.bin", "r+b") as f:
+        f.truncate(10)
+    r = subprocess.run([sys.executable, "checkpoint.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("step      1 ") and lines[0].endswith("complete")
+    assert lines[1].startswith("step      2 ") and "weights.bin" in lines[1] and not lines[1].endswith("complete")
+    assert lines[2] == f"--resume {tmp_path} continues from: {checkpoint.step_dir(tmp_path, 1)}"

@@ -188,3 +188,15 @@ def test_response_logp_agrees_with_the_plain_computation():
     plain_grad = torch.autograd.grad((response_logp_plain(model, batch, slice(0, 4), 0.7, len(tok)) * w).sum(),
                                      model.lm_head.weight)[0]
     torch.testing.assert_close(lean_grad, plain_grad, atol=1e-5, rtol=1e-4)
+
+
+def test_policy_py_runs_alone(tiny):
+    """`python policy.py MODEL`: checks and loads the folder and says what it is; a broken folder is one line."""
+    r = subprocess.run([sys.executable, "policy.py", str(tiny)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1].startswith("Qwen2ForCausalLM: 0.2M parameters, 816 embedding rows, "
+                                                        "tokenizer 800 tokens")
+    r = subprocess.run([sys.executable, "policy.py", str(tiny / "nope")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and r.stderr.strip() == f"error: --model {tiny / 'nope'}: no such folder or file (pass a " \
+                                                      "hub id, a model folder or a .gguf)"
