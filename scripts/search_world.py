@@ -1,0 +1,162 @@
+"""A small generated search world, and a tiny policy warm-started on it (scripts/warm_start.py), so that the real,
+unchanged pipeline (retriever.py, rollout.py, grpo.py, llds.py, train.py) trains in seconds per step on a CPU.
+
+The world: `people` invented persons (syllable-built names no model could know), each born in an invented town in a
+year and working in an occupation; each town lies in an invented region. One wiki-18-style passage per person and per
+town ({"id", "contents": '"Title"\\ntext'}, retriever.py's corpus rows):
+
+    "Velor Tamsik"\\nVelor Tamsik was born in Orunda in 1874 and worked as a glassblower.
+    "Orunda"\\nOrunda is a town in the region of Kesvia.
+
+Questions (FlashRAG rows {"id", "question", "golden_answers", "data_source", "metadata"}, as rollout.load_questions
+reads them): three 1-hop ones per person (data_source "world_1hop": birthplace, birth year, occupation; the answer is in
+the person's passage) and one 2-hop one ("world_2hop": "In which region was the birthplace of X?" needs the
+person's passage, then the town's). Train and test questions are split by person: no test person appears in a
+training question (a tiny model memorises names). Everything follows from --seed.
+
+    python scripts/search_world.py --out data/world                       # world + warm-started policy (minutes)
+    python scripts/search_world.py --out data/world --sft-steps 0         # the world only (seconds)
+    python train.py --model data/world/policy --train-data data/world/world_train.jsonl --corpus data/world/corpus.jsonl
+
+Writes OUT/corpus.jsonl, OUT/world_train.jsonl, OUT/world_test.jsonl and (unless --sft-steps 0) OUT/policy.
+"""
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from retriever import BM25Retriever, passage_title  # noqa: E402
+
+ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "th", "sh")
+VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
+CODAS = ("", "", "n", "r", "s", "l", "k", "m")
+OCCUPATIONS = ("glassblower", "weaver", "cartographer", "blacksmith", "astronomer", "potter", "shipwright", "botanist",
+               "clockmaker", "tanner", "violinist", "surveyor", "beekeeper", "stonemason", "bookbinder", "chemist",
+               "miller", "engraver", "lawyer", "printer")
+QUESTIONS = {  # attribute -> (question template, data_source)
+    "birthplace": ("Where was {name} born?", "world_1hop"),
+    "birth_year": ("In which year was {name} born?", "world_1hop"),
+    "occupation": ("What was the occupation of {name}?", "world_1hop"),
+    "region": ("In which region was the birthplace of {name}?", "world_2hop"),
+}
+
+
+def syllable(rng: random.Random) -> str:
+    """One invented syllable: onset + vowel + optional coda, e.g. "vel", "tam", "brou"."""
+    return rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)
+
+
+def invent(rng: random.Random, n: int, syllables: int, taken: set, suffix: str = "") -> list[str]:
+    """n new capitalised words of `syllables` syllables (+ suffix), none in `taken` (which grows by them)."""
+    out = []
+    while len(out) < n:
+        word = ("".join(syllable(rng) for _ in range(syllables)) + suffix).capitalize()
+        if word not in taken and len(word) <= 12:
+            taken.add(word)
+            out.append(word)
+    return out
+
+
+def make_world(seed: int = 0, people: int = 600, towns: int = 60, regions: int = 8, test_frac: float = 0.2) -> dict:
+    """The world as plain data, deterministic in its arguments.
+
+    Returns {"people": [P] dicts {"name", "birthplace", "birth_year", "occupation", "region", "split"}, "towns": {town:
+    region}, "corpus": [P + towns] passage rows, "train" / "test": question rows}. Raises ValueError on sizes that
+    cannot make a world (fewer than 10 people, no town or region, test_frac outside (0, 1)).
+    """
+    if people < 10 or towns < 1 or regions < 1 or not 0 < test_frac < 1:
+        raise ValueError(f"need people >= 10, towns >= 1, regions >= 1 and 0 < test_frac < 1; got people={people}, "
+                         f"towns={towns}, regions={regions}, test_frac={test_frac}")
+    rng, taken = random.Random(seed), set()
+    region_names = invent(rng, regions, 2, taken, suffix="ia")
+    town_names = invent(rng, towns, 2, taken)
+    town_region = {t: region_names[i % regions] for i, t in enumerate(town_names)}  # every region has towns
+    firsts, lasts = invent(rng, people, 2, taken), invent(rng, people, 2, taken)  # every name part unique
+    persons = [{"name": f"{first} {last}", "birthplace": rng.choice(town_names), "birth_year": str(rng.randint(1700, 1950)),
+                "occupation": rng.choice(OCCUPATIONS)} for first, last in zip(firsts, lasts)]
+    n_test = max(1, round(test_frac * people))
+    for i, p in enumerate(persons):
+        p["region"] = town_region[p["birthplace"]]
+        p["split"] = "test" if i >= people - n_test else "train"  # names are random, so the tail is a random sample
+    corpus = [{"id": str(i), "contents": f'"{p["name"]}"\n{p["name"]} was born in {p["birthplace"]} in {p["birth_year"]} '
+                                         f'and worked as a {p["occupation"]}.'} for i, p in enumerate(persons)]
+    corpus += [{"id": str(people + i), "contents": f'"{t}"\n{t} is a town in the region of {town_region[t]}.'}
+               for i, t in enumerate(town_names)]
+    questions = {"train": [], "test": []}
+    for i, p in enumerate(persons):
+        for attr, (template, source) in QUESTIONS.items():
+            titles = [p["name"]] + ([p["birthplace"]] if attr == "region" else [])
+            questions[p["split"]].append({
+                "id": f"{i}-{attr}", "question": template.format(name=p["name"]), "golden_answers": [p[attr]],
+                "data_source": source, "metadata": {"person": p["name"], "attribute": attr,
+                                                    "supporting_titles": titles}})
+    for rows in questions.values():
+        random.Random(seed + 1).shuffle(rows)
+    return {"people": persons, "towns": town_region, "corpus": corpus, **questions}
+
+
+def write_jsonl(path: Path, rows: list[dict]):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_world(world: dict, out: Path) -> dict:
+    """Write corpus.jsonl, world_train.jsonl and world_test.jsonl into `out` (created); return {name: path}."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"corpus": out / "corpus.jsonl", "train": out / "world_train.jsonl", "test": out / "world_test.jsonl"}
+    for key, path in paths.items():
+        write_jsonl(path, world[key])
+    return paths
+
+
+def top1_rates(world: dict, retriever: BM25Retriever) -> dict:
+    """Share of people whose name, and of towns whose name, finds that entity's own passage at BM25 rank 1."""
+    names = [p["name"] for p in world["people"]]
+    towns = list(world["towns"])
+    hit = lambda qs: sum(bool(h) and passage_title(h[0]) == q for q, h in zip(qs, retriever.search(qs, 1))) / len(qs)  # noqa: E731
+    return {"person_top1": hit(names), "town_top1": hit(towns)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for corpus.jsonl, world_*.jsonl and policy/")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the world, the tokenizer corpus and the warm start")
+    ap.add_argument("--people", type=int, default=600, help="invented people (one passage and 4 questions each)")
+    ap.add_argument("--towns", type=int, default=60, help="invented towns (one passage each)")
+    ap.add_argument("--regions", type=int, default=8, help="invented regions (the 2-hop answers)")
+    ap.add_argument("--test-frac", type=float, default=0.2, help="share of people whose questions are test questions")
+    ap.add_argument("--sft-steps", type=int, default=600, help="warm-start optimizer steps (0: write the world only)")
+    ap.add_argument("--wrong-frac", type=float, default=0.3,
+                    help="share of demonstrations whose final answer is a wrong value (mixed rewards for RL)")
+    ap.add_argument("--max-obs-tokens", type=int, default=120, help="per <information> block, as train.py's")
+    ap.add_argument("--eval-questions", type=int, default=32, help="train and test questions for the sampled EM")
+    args = ap.parse_args(argv)
+    if args.sft_steps < 0 or args.eval_questions < 1 or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1:
+        ap.error("need --sft-steps >= 0, --eval-questions >= 1, 0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
+    try:
+        world = make_world(args.seed, args.people, args.towns, args.regions, args.test_frac)
+    except ValueError as err:
+        ap.error(str(err))
+    t0, out = time.time(), Path(args.out)
+    paths = write_world(world, out)
+    retriever = BM25Retriever(world["corpus"])  # what train.py builds from corpus.jsonl (lucene, english analyzer)
+    rates = top1_rates(world, retriever)
+    n_train = sum(p["split"] == "train" for p in world["people"])
+    print(f"world: {len(world['people'])} people ({n_train} train, {len(world['people']) - n_train} test), "
+          f"{len(world['towns'])} towns, {len(set(world['towns'].values()))} regions | {len(world['corpus'])} passages | "
+          f"{len(world['train'])} train / {len(world['test'])} test questions | BM25 top-1: name -> person "
+          f"{rates['person_top1']:.3f}, town -> town {rates['town_top1']:.3f} | {time.time() - t0:.1f}s")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if args.sft_steps:
+        import warm_start
+
+        warm_start.run(world, retriever, out / "policy", seed=args.seed, sft_steps=args.sft_steps,
+                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens, eval_questions=args.eval_questions)
+
+
+if __name__ == "__main__":
+    main()
