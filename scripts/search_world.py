@@ -129,14 +129,16 @@ def main(argv=None):
     ap.add_argument("--towns", type=int, default=60, help="invented towns (one passage each)")
     ap.add_argument("--regions", type=int, default=8, help="invented regions (the 2-hop answers)")
     ap.add_argument("--test-frac", type=float, default=0.2, help="share of people whose questions are test questions")
-    ap.add_argument("--sft-steps", type=int, default=600, help="warm-start optimizer steps (0: write the world only)")
+    ap.add_argument("--sft-steps", type=int, default=400, help="warm-start optimizer steps (0: write the world only)")
+    ap.add_argument("--sft-batch-size", type=int, default=8, help="demonstrations per warm-start step")
+    ap.add_argument("--sft-lr", type=float, default=3e-3, help="warm-start AdamW peak learning rate")
     ap.add_argument("--wrong-frac", type=float, default=0.3,
                     help="share of demonstrations whose final answer is a wrong value (mixed rewards for RL)")
     ap.add_argument("--max-obs-tokens", type=int, default=120, help="per <information> block, as train.py's")
     ap.add_argument("--eval-questions", type=int, default=32, help="train and test questions for the sampled EM")
     args = ap.parse_args(argv)
-    if args.sft_steps < 0 or args.eval_questions < 1 or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1:
-        ap.error("need --sft-steps >= 0, --eval-questions >= 1, 0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
+    if args.sft_steps < 0 or args.sft_batch_size < 1 or not args.sft_lr > 0 or args.eval_questions < 1 or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1:
+        ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, 0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
     try:
         world = make_world(args.seed, args.people, args.towns, args.regions, args.test_frac)
     except ValueError as err:
@@ -155,7 +157,8 @@ def main(argv=None):
         import warm_start
 
         warm_start.run(world, retriever, out / "policy", seed=args.seed, sft_steps=args.sft_steps,
-                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens, eval_questions=args.eval_questions)
+                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens, eval_questions=args.eval_questions,
+                       batch_size=args.sft_batch_size, lr=args.sft_lr)
 
 
 if __name__ == "__main__":
