@@ -14,9 +14,17 @@ the person's passage) and one 2-hop one ("world_2hop": "In which region was the 
 person's passage, then the town's). Train and test questions are split by person: no test person appears in a
 training question (a tiny model memorises names). Everything follows from --seed.
 
-    python scripts/search_world.py --out data/world                       # world + warm-started policy (minutes)
+    python scripts/search_world.py --out data/world                       # world + warm-started policy
     python scripts/search_world.py --out data/world --sft-steps 0         # the world only (seconds)
-    python train.py --model data/world/policy --train-data data/world/world_train.jsonl --corpus data/world/corpus.jsonl
+    python train.py --model data/world/policy --train-data data/world/world_train.jsonl --corpus data/world/corpus.jsonl \
+        --steps 5 --prompts-per-step 8 --group-size 4 --max-turns 2 --max-new-tokens 48 --max-obs-tokens 120 \
+        --mini-batch-size 8 --micro-batch-size 8 --lr 1e-4 --out-dir runs/world_smoke
+
+Measured on 2 CPU cores (seed 0, defaults): the first command takes 4.5 min (the warm start's 1,500 steps: 250 s;
+peak memory 0.9 GB); BM25 (lucene) puts the right passage first for every person's name and every town's name; the
+warm start's sampled EM (group_size 4) is 0.45 on training questions, with 61% of groups of mixed rewards, and 0.24
+on test people. The train.py smoke run takes ~2.4 s per step, rewards 0.22-0.53. Model turns are <= 33 tokens and
+observations <= 108 (three town hits), so --max-new-tokens 48 and --max-obs-tokens 120 cut nothing.
 
 Writes OUT/corpus.jsonl, OUT/world_train.jsonl, OUT/world_test.jsonl and (unless --sft-steps 0) OUT/policy.
 """
@@ -44,6 +52,11 @@ QUESTIONS = {  # attribute -> (question template, data_source)
     "occupation": ("What was the occupation of {name}?", "world_1hop"),
     "region": ("In which region was the birthplace of {name}?", "world_2hop"),
 }
+
+
+def article(noun: str) -> str:
+    """"a glassblower", "an astronomer"."""
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
 def syllable(rng: random.Random) -> str:
@@ -84,7 +97,7 @@ def make_world(seed: int = 0, people: int = 600, towns: int = 60, regions: int =
         p["region"] = town_region[p["birthplace"]]
         p["split"] = "test" if i >= people - n_test else "train"  # names are random, so the tail is a random sample
     corpus = [{"id": str(i), "contents": f'"{p["name"]}"\n{p["name"]} was born in {p["birthplace"]} in {p["birth_year"]} '
-                                         f'and worked as a {p["occupation"]}.'} for i, p in enumerate(persons)]
+                                         f'and worked as {article(p["occupation"])}.'} for i, p in enumerate(persons)]
     corpus += [{"id": str(people + i), "contents": f'"{t}"\n{t} is a town in the region of {town_region[t]}.'}
                for i, t in enumerate(town_names)]
     questions = {"train": [], "test": []}
@@ -129,13 +142,13 @@ def main(argv=None):
     ap.add_argument("--towns", type=int, default=60, help="invented towns (one passage each)")
     ap.add_argument("--regions", type=int, default=8, help="invented regions (the 2-hop answers)")
     ap.add_argument("--test-frac", type=float, default=0.2, help="share of people whose questions are test questions")
-    ap.add_argument("--sft-steps", type=int, default=400, help="warm-start optimizer steps (0: write the world only)")
+    ap.add_argument("--sft-steps", type=int, default=1500, help="warm-start optimizer steps (0: write the world only)")
     ap.add_argument("--sft-batch-size", type=int, default=8, help="demonstrations per warm-start step")
     ap.add_argument("--sft-lr", type=float, default=3e-3, help="warm-start AdamW peak learning rate")
     ap.add_argument("--wrong-frac", type=float, default=0.3,
                     help="share of demonstrations whose final answer is a wrong value (mixed rewards for RL)")
     ap.add_argument("--max-obs-tokens", type=int, default=120, help="per <information> block, as train.py's")
-    ap.add_argument("--eval-questions", type=int, default=32, help="train and test questions for the sampled EM")
+    ap.add_argument("--eval-questions", type=int, default=64, help="train and test questions for the sampled EM")
     args = ap.parse_args(argv)
     if args.sft_steps < 0 or args.sft_batch_size < 1 or not args.sft_lr > 0 or args.eval_questions < 1 or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1:
         ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, 0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")

@@ -34,12 +34,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, scripts/
 
 from policy import collate, load_policy, response_logp  # noqa: E402
 from retriever import format_passages  # noqa: E402
 from rollout import (INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT, Episode, answer_span, em_check, hf_generator,  # noqa: E402
                      make_prompt, observation_ids, rollout)
+from search_world import CODAS, ONSETS, QUESTIONS, VOWELS, article  # noqa: E402
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (tests/tiny.py's)
 CHAT_TEMPLATE = (  # Qwen2.5's ChatML template without the default system message (tests/tiny.py's)
@@ -63,8 +64,6 @@ def tokenizer_texts(world: dict) -> list[str]:
     """The BPE's training text: the chat-wrapped prompt and the demonstration turns with towns in the name slots,
     passages without person names, the observation tags and the invalid-action message, and every name syllable
     alone (capitalised and not, with and without a leading space). Person names never appear whole."""
-    from search_world import CODAS, ONSETS, QUESTIONS, VOWELS
-
     lines = [INVALID_ACTION, OBS_HEAD + OBS_TAIL] + [f"Doc {i}(Title: " for i in range(1, 4)]
     for town, region in world["towns"].items():
         for template, _ in QUESTIONS.values():
@@ -73,7 +72,7 @@ def tokenizer_texts(world: dict) -> list[str]:
         lines += [SEARCH_TURN.format(query=town), ANSWER_TURN.format(answer=region),
                   f'Doc 1(Title: "{town}") {town} is a town in the region of {region}.\n']
     for p in world["people"]:
-        lines.append(f"was born in {p['birthplace']} in {p['birth_year']} and worked as a {p['occupation']}.\n")
+        lines.append(f"was born in {p['birthplace']} in {p['birth_year']} and worked as {article(p['occupation'])}.\n")
         lines.append(ANSWER_TURN.format(answer=p["occupation"]))
     syllables = [o + v + c for o in ONSETS for v in VOWELS for c in dict.fromkeys(CODAS)]  # ordered: no hash seed
     lines += [" ".join(s.capitalize() for s in syllables), " ".join(syllables), "".join(syllables)]
@@ -236,8 +235,8 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
     return out
 
 
-def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 400, wrong_frac: float = 0.3,
-        max_obs_tokens: int = 120, eval_questions: int = 32, batch_size: int = 8, lr: float = 3e-3):
+def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 1500, wrong_frac: float = 0.3,
+        max_obs_tokens: int = 120, eval_questions: int = 64, batch_size: int = 8, lr: float = 3e-3):
     """Tokenizer, model, demonstrations, supervised pass, save_pretrained to `out`, then the sampled EM of the saved
     policy (loaded back with policy.load_policy, as train.py loads it) on train and test questions."""
     t0 = time.time()

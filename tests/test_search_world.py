@@ -3,6 +3,7 @@ is in the corpus, a demonstration is exactly what rollout.rollout builds when th
 policy loads as train.py loads it, and a few supervised steps lower the loss. Small worlds, so the file runs in
 seconds."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,14 @@ def test_a_few_supervised_steps_lower_the_loss(world, tok, retriever):
     with torch.no_grad():
         after = S.sft_loss(model, demos, tok.pad_token_id).item()
     assert len(losses) == 12 and after < 0.8 * before, (before, after)
+
+
+def test_tokenizer_is_the_same_in_every_process():
+    # a set's order changes with PYTHONHASHSEED; the BPE's training text must not depend on it
+    code = ("import hashlib, sys; sys.path.insert(0, 'scripts'); import search_world as W, warm_start as S; "
+            "t = S.build_tokenizer(S.tokenizer_texts(W.make_world(seed=3, people=40, towns=6)), vocab_size=600); "
+            "print(hashlib.sha256(t.backend_tokenizer.to_str().encode()).hexdigest())")
+    out = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
+    assert all(o.returncode == 0 for o in out), out[0].stderr[-500:]
+    assert out[0].stdout == out[1].stdout and len(out[0].stdout.strip()) == 64
