@@ -16,9 +16,10 @@ training question (a tiny model memorises names). Everything follows from --seed
 
     python scripts/search_world.py --out data/world                       # world + warm-started policy
     python scripts/search_world.py --out data/world --sft-steps 0         # the world only (seconds)
-    python train.py --model data/world/policy --train-data data/world/world_train.jsonl --corpus data/world/corpus.jsonl \
-        --steps 5 --prompts-per-step 8 --group-size 4 --max-turns 2 --max-new-tokens 48 --max-obs-tokens 120 \
-        --mini-batch-size 8 --micro-batch-size 8 --lr 1e-4 --out-dir runs/world_smoke
+    python train.py --model data/world/policy --train-data data/world/world_train.jsonl \
+        --corpus data/world/corpus.jsonl --steps 5 --prompts-per-step 8 --group-size 4 --max-turns 2 \
+        --max-new-tokens 48 --max-obs-tokens 120 --mini-batch-size 8 --micro-batch-size 8 --lr 1e-4 \
+        --out-dir runs/world_smoke
 
 Measured on 2 CPU cores (seed 0, defaults): the first command takes 4.5 min (the warm start's 1,500 steps: 250 s;
 peak memory 0.9 GB); BM25 (lucene) puts the right passage first for every person's name and every town's name; the
@@ -90,14 +91,16 @@ def make_world(seed: int = 0, people: int = 600, towns: int = 60, regions: int =
     town_names = invent(rng, towns, 2, taken)
     town_region = {t: region_names[i % regions] for i, t in enumerate(town_names)}  # every region has towns
     firsts, lasts = invent(rng, people, 2, taken), invent(rng, people, 2, taken)  # every name part unique
-    persons = [{"name": f"{first} {last}", "birthplace": rng.choice(town_names), "birth_year": str(rng.randint(1700, 1950)),
-                "occupation": rng.choice(OCCUPATIONS)} for first, last in zip(firsts, lasts)]
+    persons = [{"name": f"{first} {last}", "birthplace": rng.choice(town_names),
+                "birth_year": str(rng.randint(1700, 1950)), "occupation": rng.choice(OCCUPATIONS)}
+               for first, last in zip(firsts, lasts)]
     n_test = max(1, round(test_frac * people))
     for i, p in enumerate(persons):
         p["region"] = town_region[p["birthplace"]]
         p["split"] = "test" if i >= people - n_test else "train"  # names are random, so the tail is a random sample
-    corpus = [{"id": str(i), "contents": f'"{p["name"]}"\n{p["name"]} was born in {p["birthplace"]} in {p["birth_year"]} '
-                                         f'and worked as {article(p["occupation"])}.'} for i, p in enumerate(persons)]
+    corpus = [{"id": str(i), "contents": f'"{p["name"]}"\n{p["name"]} was born in {p["birthplace"]} in '
+                                         f'{p["birth_year"]} and worked as {article(p["occupation"])}.'}
+              for i, p in enumerate(persons)]
     corpus += [{"id": str(people + i), "contents": f'"{t}"\n{t} is a town in the region of {town_region[t]}.'}
                for i, t in enumerate(town_names)]
     questions = {"train": [], "test": []}
@@ -130,7 +133,11 @@ def top1_rates(world: dict, retriever: BM25Retriever) -> dict:
     """Share of people whose name, and of towns whose name, finds that entity's own passage at BM25 rank 1."""
     names = [p["name"] for p in world["people"]]
     towns = list(world["towns"])
-    hit = lambda qs: sum(bool(h) and passage_title(h[0]) == q for q, h in zip(qs, retriever.search(qs, 1))) / len(qs)  # noqa: E731
+
+    def hit(queries):
+        tops = retriever.search(queries, 1)
+        return sum(bool(h) and passage_title(h[0]) == q for q, h in zip(queries, tops)) / len(queries)
+
     return {"person_top1": hit(names), "town_top1": hit(towns)}
 
 
@@ -150,8 +157,10 @@ def main(argv=None):
     ap.add_argument("--max-obs-tokens", type=int, default=120, help="per <information> block, as train.py's")
     ap.add_argument("--eval-questions", type=int, default=64, help="train and test questions for the sampled EM")
     args = ap.parse_args(argv)
-    if args.sft_steps < 0 or args.sft_batch_size < 1 or not args.sft_lr > 0 or args.eval_questions < 1 or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1:
-        ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, 0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
+    if (args.sft_steps < 0 or args.sft_batch_size < 1 or not args.sft_lr > 0 or args.eval_questions < 1
+            or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1):
+        ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, "
+                 "0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
     try:
         world = make_world(args.seed, args.people, args.towns, args.regions, args.test_frac)
     except ValueError as err:
@@ -162,7 +171,8 @@ def main(argv=None):
     rates = top1_rates(world, retriever)
     n_train = sum(p["split"] == "train" for p in world["people"])
     print(f"world: {len(world['people'])} people ({n_train} train, {len(world['people']) - n_train} test), "
-          f"{len(world['towns'])} towns, {len(set(world['towns'].values()))} regions | {len(world['corpus'])} passages | "
+          f"{len(world['towns'])} towns, {len(set(world['towns'].values()))} regions | "
+          f"{len(world['corpus'])} passages | "
           f"{len(world['train'])} train / {len(world['test'])} test questions | BM25 top-1: name -> person "
           f"{rates['person_top1']:.3f}, town -> town {rates['town_top1']:.3f} | {time.time() - t0:.1f}s")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -170,8 +180,8 @@ def main(argv=None):
         import warm_start
 
         warm_start.run(world, retriever, out / "policy", seed=args.seed, sft_steps=args.sft_steps,
-                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens, eval_questions=args.eval_questions,
-                       batch_size=args.sft_batch_size, lr=args.sft_lr)
+                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens,
+                       eval_questions=args.eval_questions, batch_size=args.sft_batch_size, lr=args.sft_lr)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 (think, search the name, read the passages, answer), but imperfectly, so GRPO's groups start with mixed rewards.
 
 Steps (`run`), all offline and seeded:
-  1. `build_tokenizer`: a byte-level BPE (~1,500 ids) trained with the `tokenizers` library as tests/tiny.py trains
-     its own (Qwen2.5's normalizer, pre-tokenizer regex and decoder; special tokens <|endoftext|> (pad), <|im_start|>,
-     <|im_end|> (eos); the ChatML chat template, so rollout.make_prompt wraps prompts as for Qwen2.5-Instruct). Its text
+  1. `build_tokenizer`: a byte-level BPE (at most 1,500 ids; the world's text gives ~990) trained with the
+     `tokenizers` library as tests/tiny.py trains its own (Qwen2.5's normalizer, pre-tokenizer regex and decoder;
+     special tokens <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos); the ChatML chat template, so
+     rollout.make_prompt wraps prompts as for Qwen2.5-Instruct). Its text
      holds the prompt, tags, towns, regions and occupations, and the name syllables *one by one*, never whole person
      names: every name, train or test, splits into the same kind of pieces, so the model must copy names, not
      memorise them.
-  2. `build_model`: a small Qwen2ForCausalLM (2 layers, hidden 128: ~0.6M parameters).
+  2. `build_model`: a small Qwen2ForCausalLM (2 layers, hidden 128: 0.65M parameters).
   3. `demonstration`: one training question as an Episode exactly as rollout.rollout would build it from a perfect
      policy: the prompt (make_prompt), then per supporting passage a model turn "<think> I need to find X.
      </think>\\n<search> X </search>" (loss_mask 1) and the REAL observation (observation_ids of format_passages of
@@ -38,8 +39,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from policy import collate, load_policy, response_logp  # noqa: E402
 from retriever import format_passages  # noqa: E402
-from rollout import (INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT, Episode, answer_span, em_check, hf_generator,  # noqa: E402
-                     make_prompt, observation_ids, rollout)
+from rollout import (INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT, Episode, answer_span, em_check,  # noqa: E402
+                     hf_generator, make_prompt, observation_ids, rollout)
 from search_world import CODAS, ONSETS, QUESTIONS, VOWELS, article  # noqa: E402
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (tests/tiny.py's)
@@ -164,7 +165,8 @@ def model_turns(ep: Episode) -> list[list[int]]:
     return turns
 
 
-def demonstrations(world: dict, tokenizer, search, *, max_obs_tokens: int, wrong_frac: float, seed: int) -> list[Episode]:
+def demonstrations(world: dict, tokenizer, search, *, max_obs_tokens: int, wrong_frac: float,
+                   seed: int) -> list[Episode]:
     """One demonstration per training question; a share wrong_frac (seeded) answers another value of the question's
     attribute (drawn from the world's values), so the policy learns to sample wrong answers sometimes."""
     rng = random.Random(seed)

@@ -84,7 +84,7 @@ def test_bad_world_size_is_one_error_line(tmp_path):
 
 def test_tokenizer_has_the_chat_template_and_no_whole_names(world, tok):
     assert make_prompt("Where was X born", tok).startswith("<|im_start|>user\nAnswer the given question.")
-    assert make_prompt("Where was X born", tok).endswith("Question: Where was X born?\n<|im_end|>\n<|im_start|>assistant\n")
+    assert make_prompt("Where was X born", tok).endswith("Where was X born?\n<|im_end|>\n<|im_start|>assistant\n")
     assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
     vocab = tok.get_vocab()
     for p in world["people"]:  # names are copied piece by piece, never memorised as one token
@@ -101,7 +101,8 @@ def test_a_demonstration_replays_through_rollout(world, tok, retriever, source):
     def generate(contexts):  # the demonstration's next model turn, then overshoot that cut_turn must drop
         (context,) = contexts
         done = len(context) - len(demo.prompt_ids)
-        k = sum(1 for i in range(1, len(demo.loss_mask)) if i <= done and demo.loss_mask[i - 1] == 0 and demo.loss_mask[i])
+        mask = demo.loss_mask[:done + 1]  # the turn to give = the observation -> model switches up to here
+        k = sum(1 for i in range(1, len(mask)) if mask[i - 1] == 0 and mask[i])
         return [turns[k] + tok.encode(" trailing text", add_special_tokens=False)]
 
     generate.eos_ids = frozenset({tok.eos_token_id})
