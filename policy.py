@@ -303,22 +303,22 @@ def batch_logp(model, batch, micro_batch_size, temperature, vocab_size) -> torch
                       for i in range(0, B, micro_batch_size)])
 
 
-def load_reference(args_model: str, dtype: str, device: str, offload_dir: Path | None = None):
+def load_reference(model_name: str, dtype: str, device: str, offload_dir: Path | None = None):
     """The frozen reference policy pi_ref (the initial --model, also when resuming) for the KL term, no gradients.
 
     offload_dir: keep it on disk instead (written once in `dtype` by save_reference) and read it back for each step's
     reference pass; the caller drops it before the update, so its memory is free at the update's peak."""
-    ref = load_policy(str(offload_dir) if offload_dir else args_model, dtype, device)[0]
+    ref = load_policy(str(offload_dir) if offload_dir else model_name, dtype, device)[0]
     return ref.requires_grad_(False)
 
 
-def save_reference(args_model: str, dtype: str, tokenizer, offload_dir: Path):
+def save_reference(model_name: str, dtype: str, tokenizer, offload_dir: Path):
     """Write the reference once to offload_dir in `dtype`: reading it back each step is a plain memory map, while
     reading --model each step would convert it from its dtype and map the whole file too (+3.6 GiB for 0.6B)."""
     import shutil
 
     shutil.rmtree(offload_dir, ignore_errors=True)
-    load_policy(args_model, dtype, "cpu")[0].save_pretrained(offload_dir)
+    load_policy(model_name, dtype, "cpu")[0].save_pretrained(offload_dir)
     tokenizer.save_pretrained(offload_dir)
 
 
