@@ -10,6 +10,7 @@ A finished run (its metrics and eval.json complete) is not run again: a killed g
 
     python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~15 min
     python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid  # the grid of docs/spiral.md: 18 runs
+    python scripts/spiral.py --out runs/grid2/g8 --group-size 8 --prompts-per-step 4  # any other flag goes to train.py
 """
 
 import argparse
@@ -81,7 +82,8 @@ def main(argv=None):
     ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.2], help="--llds values")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="train.py --seed values")
     ap.add_argument("--steps", type=int, default=20, help="rollout steps per run")
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    train.parse_args(RL + extra)  # a bad train.py flag stops here, before the world is built, with train.py's line
     if args.steps < 5 or any(lr <= 0 for lr in args.lrs) or any(lam < 0 for lam in args.lambdas):
         ap.error("--steps must be >= 5, every --lrs > 0 and every --lambdas >= 0")
     world, out, t0 = Path(args.world), Path(args.out), time.time()
@@ -101,16 +103,18 @@ def main(argv=None):
                 if not finished(run, args.steps):
                     print(f"\n=== lr {lr:g}, lambda {lam:g}, seed {seed}: {run}")
                     train.main(train.parse_args(["--model", str(files["policy"]), "--train-data", str(files["train"]),
-                                                 "--corpus", str(files["corpus"]), *RL, "--steps", str(args.steps),
-                                                 "--lr", str(lr), "--llds", str(lam), "--seed", str(seed),
-                                                 "--out-dir", str(run), "--overwrite"]))
+                                                 "--corpus", str(files["corpus"]), *RL, *extra,
+                                                 "--steps", str(args.steps), "--lr", str(lr), "--llds", str(lam),
+                                                 "--seed", str(seed), "--out-dir", str(run), "--overwrite"]))
                 history = plot_run.read_metrics(run)
                 em = evaluate_on_test(run, files, run / "eval.json")
                 rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history)})
 
     head = ("| lr | lambda | seed | start reward | final reward | collapse step | alarm step | lead | entropy (end) "
             "| valid actions (end) | test EM | s/step |")
-    lines = [f"warm start test EM: {warm_em:.3f} (greedy, all test questions)", "", head, "|" + "---|" * 12]
+    lines = [f"warm start test EM: {warm_em:.3f} (greedy, all test questions)" +
+             (f"; train.py flags besides the protocol's: {' '.join(extra)}" if extra else ""),
+             "", head, "|" + "---|" * 12]
     for r in rows:
         lines.append(f"| {r['lr']:g} | {r['llds']:g} | {r['seed']} | {fmt(r['start_reward'])} | "
                      f"{fmt(r['final_reward'])} | {fmt(r['collapse_step'], 'd')} | {fmt(r['alarm_step'], 'd')} | "
@@ -118,7 +122,8 @@ def main(argv=None):
                      f"{r['test_em']:.3f} | {r['s_per_step']:.1f} |")
     print("\n" + "\n".join(lines))
     atomic_write(out / "grid.md", "\n".join(lines) + "\n")
-    atomic_write(out / "grid.json", json.dumps({"warm_start_test_em": warm_em, "runs": rows}, indent=1))
+    atomic_write(out / "grid.json", json.dumps({"warm_start_test_em": warm_em, "train_flags": extra, "runs": rows},
+                                                 indent=1))
     first = [r for r in rows if r["lr"] == args.lrs[0]]
     figure = plot_run.plot_runs([r["run"] for r in first], out / "spiral.png",
                                 labels=[f"λ={r['llds']:g} seed {r['seed']}" for r in first])
