@@ -36,6 +36,11 @@ def close(a, b, atol=1e-6, rtol=1e-5) -> bool:
                           atol=atol, rtol=rtol, equal_nan=False)
 
 
+def fmt(x) -> list:
+    """A tensor as a list of numbers rounded to 4 decimals, for messages."""
+    return (torch.round(torch.as_tensor(x, dtype=torch.float32).detach() * 1e4) / 1e4).tolist()
+
+
 def grad(loss, x):
     (g,) = torch.autograd.grad(loss, x)
     return g
@@ -52,7 +57,7 @@ def test_advantages_use_the_unbiased_std():
     want = torch.tensor([0.5, -1.5, 0.5, 0.5])
     assert close(adv, want, atol=1e-5), (
         f"std must be unbiased (N-1, torch.std's default, as the official code): [1, 0, 1, 1] -> std 0.5, A = "
-        f"{want.tolist()}; got {adv.tolist()} (the population std 0.433 gives +-0.577 / -1.732)")
+        f"{fmt(want)}; got {fmt(adv)} (the population std 0.433 gives +-0.577 / -1.732)")
 
 
 @ex("advantages")
@@ -62,7 +67,7 @@ def test_advantages_group_by_id_not_by_position():
     want = torch.tensor([0.7071, 0.0, -0.7071, 0.0])
     assert close(adv, want, atol=1e-4), (
         f"groups are keyed by group_ids, not by position (P2-P4): ids [a, b, a, b], rewards [1, 0, 0, 0] -> A = "
-        f"{want.tolist()}; got {adv.tolist()}")
+        f"{fmt(want)}; got {fmt(adv)}")
 
 
 @ex("advantages")
@@ -70,7 +75,7 @@ def test_advantages_all_equal_group_is_exactly_zero():
     adv = grpo.group_advantages(torch.tensor([0.3, 0.3, 0.3, 1.0, 1.0, 1.0]), ["a"] * 3 + ["b"] * 3)
     assert bool((adv == 0).all()), (
         f"a group whose rewards are all equal carries no signal: A must be exactly 0 (departure 3: the float mean "
-        f"leaves a residue that 1e-6 blows up); got {adv.tolist()}")
+        f"leaves a residue that 1e-6 blows up); got {fmt(adv)}")
 
 
 @ex("advantages")
@@ -83,13 +88,13 @@ def test_advantages_group_of_one_is_the_raw_reward():
 def test_advantages_eps_is_added_to_the_std():
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0]), ["q", "q"], eps=0.5)  # std 0.7071 -> 0.5 / 1.2071
     assert close(adv, [0.5 / 1.2071068, -0.5 / 1.2071068]), (
-        f"A = (r - mean) / (std + eps), eps outside the square root; got {adv.tolist()}")
+        f"A = (r - mean) / (std + eps), eps outside the square root; got {fmt(adv)}")
 
 
 @ex("advantages")
 def test_advantages_dr_grpo_variant_and_bad_input():
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0]), ["q"] * 3, scale=False)
-    assert close(adv, [2 / 3, -1 / 3, -1 / 3]), f"scale=False (Dr. GRPO) is r - mean, no std; got {adv.tolist()}"
+    assert close(adv, [2 / 3, -1 / 3, -1 / 3]), f"scale=False (Dr. GRPO) is r - mean, no std; got {fmt(adv)}"
     with pytest.raises(ValueError):
         grpo.group_advantages(torch.tensor([1.0, 0.0]), ["q"])  # lengths differ: ValueError, as the docstring says
 
@@ -99,7 +104,7 @@ def test_advantages_snapshot():
     for c in snapshot("advantages")["cases"]:
         adv = grpo.group_advantages(torch.tensor(c["rewards"]), c["group_ids"], scale=c["scale"])
         assert close(adv, c["adv"], atol=1e-5), f"snapshot {c['group_ids']} {c['rewards']}: want {c['adv']}, got " \
-                                                f"{adv.tolist()}"
+                                                f"{fmt(adv)}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -119,7 +124,7 @@ def test_clipped_ratio_is_exp_of_the_log_ratio_capped_at_100():
     r = grpo.ppo_ratio(torch.tensor([[0.0, 1.0, -1.0, 30.0, 200.0]]), torch.zeros(1, 5), torch.ones(1, 5))
     want = torch.tensor([[1.0, 2.7182817, 0.3678794, 100.0, 100.0]])
     assert close(r, want), f"r_t = exp(logp - old_logp), log-ratio clamped to [-20, 20], r capped at 100 (the " \
-                           f"code's cap, P15): want {want.tolist()}, got {r.tolist()}"
+                           f"code's cap, P15): want {fmt(want)}, got {fmt(r)}"
 
 
 @ex("clipped")
@@ -159,7 +164,7 @@ def test_clipped_old_logp_is_a_constant_on_policy_gives_reinforce():
     g = grad(loss, logp)
     want = -ADV[:, None] * MASK / 7
     assert close(g, want), f"old_logp must be detached: on-policy the gradient is REINFORCE's -A / N (P22); got " \
-                           f"{g.tolist()}"
+                           f"{fmt(g)}"
 
 
 @ex("clipped")
@@ -219,7 +224,7 @@ def test_kl_k3_hand_values():
     k = grpo.kl_k3(torch.tensor([0.0, 0.0, -1.0]), torch.tensor([0.0, -1.0, 0.0]))
     want = torch.tensor([0.0, 0.3678794, 0.7182818])  # x = ref - logp: e^x - x - 1 at 0, -1, +1
     assert close(k, want), f"k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1 (the log-ratio is ref - logp, the " \
-                           f"ratio pi_ref / pi_theta): want {want.tolist()}, got {k.tolist()}"
+                           f"ratio pi_ref / pi_theta): want {fmt(want)}, got {fmt(k)}"
 
 
 @ex("kl")
@@ -233,11 +238,11 @@ def test_kl_k3_direction_matters():
 def test_kl_k3_is_clamped_and_finite_p15():
     logp = torch.tensor([0.0, -50.0, 50.0, -100.0, 100.0], requires_grad=True)
     k = grpo.kl_k3(logp, torch.zeros(5))
-    assert close(k, [0.0, 10.0, 10.0, 10.0, 10.0]), f"k3 is clamped to [-10, 10], as the code does; got {k.tolist()}"
+    assert close(k, [0.0, 10.0, 10.0, 10.0, 10.0]), f"k3 is clamped to [-10, 10], as the code does; got {fmt(k)}"
     g = grad(k.sum(), logp)
     assert bool(torch.isfinite(g).all()), (
         f"P15: clamp the log-ratio to [-20, 20] before exp, else exp overflows to inf and the clamp's zero gradient "
-        f"times inf is NaN; gradient {g.tolist()}")
+        f"times inf is NaN; gradient {fmt(g)}")
 
 
 @ex("kl")
@@ -262,7 +267,7 @@ def test_gate_action_segments_hand_written():
     got = llds.action_segments(keep.float())
     assert torch.equal(got.long(), want), (
         f"an action is a maximal run of 1s in the mask, numbered 1..K per row, 0 outside (a masked observation ends "
-        f"the action before it, P4); want {want.tolist()}, got {got.tolist()}")
+        f"the action before it, P4); want {fmt(want)}, got {fmt(got)}")
 
 
 # row 0: action 1 = tokens 0-3, Delta [0.5, -0.2, -0.2, -0.2], sum -0.1 -> off; token 4 observation (Delta 5 ignored)
@@ -278,7 +283,7 @@ def test_gate_uses_the_signed_sum_of_each_action():
     want = torch.tensor([[0.0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]])
     assert close(gate, want), (
         f"the gate of an action is 1[sum_k Delta_k > 0], the *signed* sum over the action's tokens (Eq. 4), not "
-        f"'some token lost likelihood'; want {want.tolist()}, got {gate.tolist()}")
+        f"'some token lost likelihood'; want {fmt(want)}, got {fmt(gate)}")
 
 
 @ex("gate")
@@ -287,7 +292,7 @@ def test_gate_is_strict_at_a_zero_sum():
     gate, n_on, _ = llds._gate_action(delta, torch.ones(1, 4))
     assert float(gate.sum()) == 0.0 and int(n_on) == 0, (
         f"the gate opens only when sum Delta > 0, strictly: `>` not `>=` (an action whose likelihood did not move "
-        f"is not pulled back); got gate {gate.tolist()}")
+        f"is not pulled back); got gate {fmt(gate)}")
 
 
 @ex("gate")
@@ -303,7 +308,7 @@ def test_gate_is_zero_outside_the_kept_tokens():
     gate, _, n_units = llds._gate_action(torch.tensor([[0.2, 0.1, 3.0, 3.0, 0.1]]), keep)
     assert close(gate, [[1.0, 1, 0, 0, 1]]) and int(n_units) == 2, (
         f"gate is 0 on tokens outside keep (observations, padding, A < 0 rows), and the Deltas there never enter a "
-        f"sum; got gate {gate.tolist()}, n_units {int(n_units)}")
+        f"sum; got gate {fmt(gate)}, n_units {int(n_units)}")
 
 
 @ex("gate")
@@ -388,7 +393,7 @@ def test_llds_on_policy_is_exactly_zero_with_zero_gradient():
         g = grad(loss, logp)
         assert loss.item() == 0.0 and bool((g == 0).all()), (
             f"on-policy (Delta = 0) the {gate} gate's loss and gradient are exactly 0: max(0, Delta) is torch.relu "
-            f"(gradient 0 at 0; clamp(min=0) passes a gradient there, departure 3); got grad {g.tolist()}")
+            f"(gradient 0 at 0; clamp(min=0) passes a gradient there, departure 3); got grad {fmt(g)}")
 
 
 @ex("llds")
