@@ -30,17 +30,17 @@ from make_assignment import EXERCISES, ROOT, function_source, is_blank, splice  
 TEST_FILES = ["pytest.ini", "tests/conftest.py", "tests/tiny.py", "tests/test_exercises.py", "tests/snapshots"]
 
 
-def build_tree(student: Path, exercise: str, dest: Path):
+def build_tree(student: Path, exercise: str, dest: Path) -> str:
     """Write into dest the tree that grades `exercise`: our modules and tests, the student's files for the modules
-    holding the exercise's functions, with the other exercises' functions in those files restored from ours."""
+    holding the exercise's functions, with the other exercises' functions in those files restored from ours.
+    Returns "" or, if a student's file does not parse, what is wrong with it (one line)."""
     for src in ROOT.glob("*.py"):
         shutil.copy2(src, dest / src.name)
     for rel in TEST_FILES:
         src = ROOT / rel
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, dest / rel) if src.is_dir() else shutil.copy2(src, dest / rel)
-    mine = {file for file, _ in EXERCISES[exercise]["functions"]}
-    for file in mine:
+    for file in sorted({file for file, _ in EXERCISES[exercise]["functions"]}):
         text = (student / file).read_text(encoding="utf-8")
         ours = (ROOT / file).read_text(encoding="utf-8")
         try:
@@ -48,9 +48,10 @@ def build_tree(student: Path, exercise: str, dest: Path):
                 for f, name in spec["functions"]:
                     if other != exercise and f == file:
                         text = splice(text, name, function_source(ours, name))
-        except SyntaxError:
-            pass  # the student's file does not parse: copied as is, so the tests report it
+        except SyntaxError as err:
+            return f"{file} does not parse: {err.msg} (line {err.lineno})"
         (dest / file).write_text(text, encoding="utf-8")
+    return ""
 
 
 def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
@@ -61,7 +62,10 @@ def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
            "first_failure": "", "failures": []}
     with tempfile.TemporaryDirectory(prefix=f"grade_{exercise}_") as tmp:
         tmp = Path(tmp)
-        build_tree(student, exercise, tmp)
+        problem = build_tree(student, exercise, tmp)
+        if problem:
+            row.update(first_failure=problem, seconds=time.time() - t0)
+            return row
         report = tmp / "report.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
                "--exercise", exercise, f"--junitxml={report}", "-o", "junit_family=xunit1"]

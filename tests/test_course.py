@@ -132,3 +132,15 @@ def test_handout_covers_every_exercise_and_names_only_tests_that_exist():
     assert named <= tests, f"docs/course.md names tests that do not exist: {sorted(named - tests)}"
     assert tests <= named, f"docs/course.md does not say what these tests catch: {sorted(tests - named)}"
     assert "../shared" not in text
+
+
+def test_a_file_that_does_not_parse_or_a_hang_costs_only_its_exercises(tmp_path):
+    tree = modules_tree(tmp_path / "tree")
+    src = (tree / "grpo.py").read_text()
+    (tree / "grpo.py").write_text(splice(src, "kl_k3", "def kl_k3(logp, ref_logp):\n    while True:\n        pass\n"))
+    hang = grade.run_exercise(tree, "kl", timeout=8)
+    assert hang["points"] == 0 and "timed out after 8 s" in hang["first_failure"]
+    (tree / "grpo.py").write_text(src.replace("def kl_k3(logp, ref_logp):", "def kl_k3(logp, ref_logp:"))
+    broken = grade.run_exercise(tree, "advantages")
+    assert broken["points"] == 0 and broken["first_failure"].startswith("grpo.py does not parse:")
+    assert grade.run_exercise(tree, "em")["points"] == 10  # rollout.py's exercises are graded on their own
