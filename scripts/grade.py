@@ -102,6 +102,9 @@ def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
 def _first_line(element) -> str:
     """The first informative line of a junit failure: the assertion's own message when it has one."""
     text = (element.get("message") or element.text or "").strip()
+    if text == "collection failure":  # e.g. an import error: the last "E   ..." line of the report says which
+        said = [line[1:].strip() for line in (element.text or "").splitlines() if line.startswith("E ")]
+        text = f"collection failure: {said[-1]}" if said else text
     text = text[len("AssertionError: "):] if text.startswith("AssertionError: ") else text
     line = text.splitlines()[0] if text else "(no message)"
     return line if len(line) <= 300 else line[:297] + "..."
