@@ -38,7 +38,7 @@ def close(a, b, atol=1e-6, rtol=1e-5) -> bool:
 
 def fmt(x) -> list:
     """A tensor as a list of numbers rounded to 4 decimals, for messages."""
-    return (torch.round(torch.as_tensor(x, dtype=torch.float32).detach() * 1e4) / 1e4).tolist()
+    return (torch.round(torch.as_tensor(x).detach().double() * 1e4) / 1e4).tolist()
 
 
 def grad(loss, x):
