@@ -3,11 +3,11 @@
     python scripts/grade.py DIR                          # every exercise
     python scripts/grade.py DIR --exercises kl gate      # some of them
 
-Each exercise runs in its own pytest process, with a time limit, over a fresh temporary tree: this repository's
-modules, except that a file holding the exercise's functions is the student's file with every *other* exercise's
-functions put back from this repository (our reference). The tests are this repository's tests/test_exercises.py
-(tagged `@pytest.mark.exercise(name)`) with its snapshots, never the student's. So an exercise's score never depends
-on another exercise being solved, and a crash or a hang in one stops only that one.
+Each exercise runs in its own pytest process (forked from a server that imported torch once; POSIX), with a time limit,
+over a fresh temporary tree: this repository's modules, except that a file holding the exercise's functions is the
+student's file with every *other* exercise's functions put back from this repository (our reference). The tests are this
+repository's tests/test_exercises.py (tagged `@pytest.mark.exercise(name)`) with its snapshots, never the student's. So
+an exercise's score never depends on another exercise being solved, and a crash or a hang in one stops only that one.
 
 Score: the exercise's points x the share of its tests that pass. The table gives, for the first failing test, its
 name and the first line of its message (the messages name the pitfall). Exit 0 only if every exercise graded has
@@ -15,9 +15,9 @@ full points; 1 otherwise; 2 on bad input.
 """
 
 import argparse
+import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +54,27 @@ def build_tree(student: Path, exercise: str, dest: Path) -> str:
     return ""
 
 
+# Each exercise's pytest runs in a process forked from a server that imported torch, pytest and transformers once
+# (2-3 s a process on 2 cores, most of an exercise's time); none of our modules is imported there, so every exercise
+# still imports the tree's own files, and a crash or a hang ends only its own process.
+FORK = multiprocessing.get_context("forkserver")
+FORK.set_forkserver_preload(["torch", "pytest", "transformers"])
+
+
+def _pytest(tree: str, args: list[str], log: str):
+    """In the forked process: run pytest in `tree`, its output to `log`."""
+    import pytest
+
+    for name in [p.stem for p in Path(tree).glob("*.py")] + ["conftest", "tiny", "test_exercises"]:
+        sys.modules.pop(name, None)  # never one imported before the fork: the tree's own files are graded
+    os.chdir(tree)
+    sys.path.insert(0, tree)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # no third-party pytest plugins: the same run everywhere
+    os._exit(pytest.main(args))
+
+
 def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
     """Grade one exercise; returns {exercise, passed, total, points, max, first_failure, failures, seconds}.
     failures: [(test id, first line of its message)] for every failing test."""
@@ -66,18 +87,20 @@ def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
         if problem:
             row.update(first_failure=problem, seconds=time.time() - t0)
             return row
-        report = tmp / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_exercises.py",
-               "--exercise", exercise, f"--junitxml={report}", "-o", "junit_family=xunit1"]
-        try:
-            env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no third-party plugins: ~0.6 s less each
-            out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
+        report, log = tmp / "report.xml", tmp / "pytest.log"
+        args = ["-q", "-p", "no:cacheprovider", "tests/test_exercises.py", "--exercise", exercise,
+                f"--junitxml={report}", "-o", "junit_family=xunit1"]
+        proc = FORK.Process(target=_pytest, args=(str(tmp), args, str(log)))
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
             row.update(first_failure=f"timed out after {timeout:.0f} s (an endless loop?)", seconds=time.time() - t0)
             return row
         if not report.exists():
-            tail = (out.stdout + out.stderr).strip().splitlines()
-            row.update(first_failure="pytest did not run: " + (tail[-1] if tail else f"exit {out.returncode}"),
+            tail = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            row.update(first_failure="pytest did not run: " + (tail[-1] if tail else f"exit {proc.exitcode}"),
                        seconds=time.time() - t0)
             return row
         cases = ET.parse(report).getroot().iter("testcase")
