@@ -77,7 +77,8 @@ def _pytest(tree: str, args: list[str], log: str):
 
 def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
     """Grade one exercise; returns {exercise, passed, total, points, max, first_failure, failures, seconds}.
-    failures: [(test id, first line of its message)] for every failing test."""
+    failures: [(test id, first line of its message)] for every failing test. A script that imports grade to call this
+    must keep its own code under `if __name__ == "__main__":` (the fork server imports the caller's main file)."""
     t0 = time.time()
     row = {"exercise": exercise, "passed": 0, "total": 0, "points": 0.0, "max": EXERCISES[exercise]["points"],
            "first_failure": "", "failures": []}
