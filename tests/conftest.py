@@ -1,1 +1,21 @@
-import sys, pathlib; sys.path.insert(0, str(pathlib.Path(__file__).parent))
+"""Puts tests/ on the path (tiny.py), and `--exercise NAME`: run only the tests tagged @pytest.mark.exercise(NAME),
+the course's graded tests (tests/test_exercises.py, scripts/grade.py, docs/course.md)."""
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--exercise", action="append", default=[], metavar="NAME",
+                     help="run only the tests of this course exercise (repeatable; docs/course.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    names = config.getoption("--exercise")
+    if not names:
+        return
+    chosen = [it for it in items if (m := it.get_closest_marker("exercise")) and m.args and m.args[0] in names]
+    config.hook.pytest_deselected(items=[it for it in items if it not in chosen])
+    items[:] = chosen

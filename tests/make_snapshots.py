@@ -1,0 +1,129 @@
+"""Snapshots for the course's graded tests (tests/test_exercises.py): seeded random inputs where hand computation does
+not reach, and the outputs our code gives on them today, stored as small JSON files in tests/snapshots/.
+
+    python tests/make_snapshots.py            # rewrite tests/snapshots/*.json from the code as it is
+    python tests/make_snapshots.py --check    # exit 1 if a stored snapshot differs from what the code gives now
+
+Inputs are stored with the outputs, so a change of torch's random generator cannot move them; tests/test_course.py
+checks that the files match the code. Rewrite them only after a deliberate change of a graded function.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpo  # noqa: E402
+import llds  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "snapshots"
+
+
+def _l(x):
+    return x.tolist() if isinstance(x, torch.Tensor) else x
+
+
+def _mask(g, B, T):
+    mask = (torch.rand(B, T, generator=g) < 0.75).float()  # [B, T]
+    mask[:, 0] = 1.0  # every row has a model token
+    return mask
+
+
+def advantages() -> dict:
+    g, cases = torch.Generator().manual_seed(0), []
+    for case in range(6):
+        sizes = [1, 2, 3, 5, 5][: 2 + case % 4]
+        ids = [f"q{i}" for i, n in enumerate(sizes) for _ in range(n)]
+        perm = torch.randperm(len(ids), generator=g).tolist()  # interleaved groups
+        ids = [ids[p] for p in perm]
+        binary = case % 2 == 0
+        rewards = (torch.rand(len(ids), generator=g) < 0.5).float() if binary else torch.rand(len(ids), generator=g)
+        scale = case != 5
+        cases.append({"rewards": _l(rewards), "group_ids": ids, "scale": scale,
+                      "adv": _l(grpo.group_advantages(rewards, ids, scale=scale))})
+    return {"cases": cases}
+
+
+def clipped() -> dict:
+    g, cases = torch.Generator().manual_seed(1), []
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        for eps_high, extra in ((None, 0), (0.28, 5)):
+            B, T = 6, 8
+            old = -torch.rand(B, T, generator=g) * 3  # [B, T]
+            logp = (old + torch.randn(B, T, generator=g)).requires_grad_()  # ratios far outside the clip
+            adv = torch.randn(B, generator=g)
+            mask = _mask(g, B, T)
+            num_tokens, num_seqs = mask.sum() + extra, B + extra  # as if a micro-batch of a larger mini-batch
+            loss, m = grpo.grpo_loss(logp, old, None, adv, mask, clip_eps_high=eps_high, agg=agg, kl_coef=0.0,
+                                     num_tokens=num_tokens, num_seqs=num_seqs)
+            (grad,) = torch.autograd.grad(loss, logp)
+            cases.append({"logp": _l(logp.detach()), "old_logp": _l(old), "adv": _l(adv), "mask": _l(mask),
+                          "agg": agg, "clip_eps_high": eps_high, "num_tokens": num_tokens.item(), "num_seqs": num_seqs,
+                          "loss": loss.item(), "grad": _l(grad), "clip_frac": m["grpo/clip_frac"]})
+    return {"cases": cases}
+
+
+def kl() -> dict:
+    g = torch.Generator().manual_seed(2)
+    logp = (torch.randn(40, generator=g) * 12).requires_grad_()  # log-ratios up to ~+-40: both clamps act
+    ref = torch.randn(40, generator=g) * 12
+    k3 = grpo.kl_k3(logp, ref)
+    (grad,) = torch.autograd.grad(k3.sum(), logp)
+    return {"logp": _l(logp.detach()), "ref_logp": _l(ref), "k3": _l(k3.detach()), "grad": _l(grad)}
+
+
+def gate() -> dict:
+    g, cases = torch.Generator().manual_seed(3), []
+    for _ in range(4):
+        keep = (torch.rand(6, 12, generator=g) < 0.6).float()  # [B, T]
+        delta = torch.randn(6, 12, generator=g).round(decimals=1)  # some actions sum to exactly 0 and more
+        seg = llds.action_segments(keep)
+        gate_, n_on, n_units = llds._gate_action(delta, keep)
+        cases.append({"keep": _l(keep), "delta": _l(delta), "seg": _l(seg), "gate": _l(gate_),
+                      "n_on": int(n_on), "n_units": int(n_units)})
+    return {"cases": cases}
+
+
+def llds_() -> dict:
+    g, cases = torch.Generator().manual_seed(4), []
+    for gate_ in llds.GATES:
+        for norm in llds.NORMS:
+            B, T = 6, 10
+            old = -torch.rand(B, T, generator=g) * 3
+            logp = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_()
+            adv = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0, -0.5])[torch.randperm(B, generator=g)]
+            mask = _mask(g, B, T)
+            loss, m = llds.llds_loss(logp, old, adv, mask, gate=gate_, norm=norm)
+            (grad,) = torch.autograd.grad(loss, logp)
+            cases.append({"gate": gate_, "norm": norm, "logp": _l(logp.detach()), "old_logp": _l(old), "adv": _l(adv),
+                          "mask": _l(mask), "loss": loss.item(), "grad": _l(grad), "gate_rate": m["llds/gate_rate"]})
+    return {"cases": cases}
+
+
+SNAPSHOTS = {"advantages": advantages, "clipped": clipped, "kl": kl, "gate": gate, "llds": llds_}
+
+
+def main(argv=None) -> int:
+    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    OUT.mkdir(exist_ok=True)
+    stale = []
+    for name, make in SNAPSHOTS.items():
+        path = OUT / f"{name}.json"
+        data = make()
+        if check:
+            if not path.exists() or json.loads(path.read_text()) != json.loads(json.dumps(data)):
+                stale.append(path.name)
+        else:
+            path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+            print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size / 1024:.1f} KB)")
+    if stale:
+        print(f"stale snapshots: {', '.join(stale)}; rewrite with: python tests/make_snapshots.py")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

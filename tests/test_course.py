@@ -1,0 +1,146 @@
+"""The course kit (docs/course.md): scripts/make_assignment.py writes a student copy that imports and collects, with
+every exercise at 0 points; grading is independent across exercises; each typical wrong answer in tests/course/wrong/
+loses points with a message that names its mistake; the snapshots match our code today. About 40 s on 2 cores:
+every grading is one pytest process per exercise."""
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import grade  # noqa: E402
+import make_snapshots  # noqa: E402
+from make_assignment import EXERCISES, blank, function_source, is_blank, splice  # noqa: E402
+from make_assignment import main as make_assignment  # noqa: E402
+
+WRONG = sorted((ROOT / "tests" / "course" / "wrong").glob("*.py"))
+
+
+def modules_tree(dest: Path) -> Path:
+    """A tree with our top-level modules only: what grade.py needs of a student's copy."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in ROOT.glob("*.py"):
+        shutil.copy2(src, dest / src.name)
+    return dest
+
+
+def test_snapshots_match_the_code_today():
+    for name, make in make_snapshots.SNAPSHOTS.items():
+        stored = json.loads((ROOT / "tests" / "snapshots" / f"{name}.json").read_text())
+        assert stored == json.loads(json.dumps(make())), f"tests/snapshots/{name}.json is stale: python " \
+                                                         f"tests/make_snapshots.py"
+
+
+def test_every_exercise_function_exists_and_every_exercise_has_tests():
+    tagged = set(re.findall(r'@ex\("(\w+)"\)', (ROOT / "tests" / "test_exercises.py").read_text()))
+    assert tagged == set(EXERCISES)
+    for spec in EXERCISES.values():
+        for file, name in spec["functions"]:
+            assert function_source((ROOT / file).read_text(), name)
+    assert sum(spec["points"] for spec in EXERCISES.values()) == 100
+
+
+def test_blank_keeps_signature_and_docstring_and_splice_restores():
+    src = (ROOT / "grpo.py").read_text()
+    out = blank(src, ["group_advantages", "_token_mean"], "advantages")
+    tree = ast.parse(out)  # still a module
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "group_advantages")
+    assert ast.get_docstring(fn).startswith("Group-normalised outcome advantage")
+    assert is_blank(out, "group_advantages") and is_blank(out, "_token_mean") and not is_blank(out, "kl_k3")
+    back = splice(splice(out, "group_advantages", function_source(src, "group_advantages")), "_token_mean",
+                  function_source(src, "_token_mean"))
+    assert back == src
+    method = blank((ROOT / "rollout.py").read_text(), ["Episode.append"], "cut_turn")
+    assert is_blank(method, "Episode.append") and not is_blank(method, "cut_turn")
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("course") / "student"
+    assert make_assignment(["--out", str(out), "--hold-back", "tests/test_exercises.py"]) == 0
+    return out
+
+
+def test_student_copy_imports_and_collects(student):
+    assert not (student / "tests" / "test_exercises.py").exists()  # held back
+    assert not (student / "data").exists() and (student / "docs" / "course.md").exists()
+    for spec in EXERCISES.values():
+        for file, name in spec["functions"]:
+            assert is_blank((student / file).read_text(), name), f"{file} {name} was not blanked"
+    code = "import grpo, llds, rollout, train, evaluate, fsdp"
+    out = subprocess.run([sys.executable, "-c", code], cwd=student, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q"], cwd=student, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and " collected" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr
+
+
+def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student, tmp_path):
+    # the fresh copy with only `llds` solved: llds_loss calls the action gate, which is blank here; the grader runs
+    # it with our gate, so llds has full points and every other exercise 0
+    tree = modules_tree(tmp_path / "tree")
+    for file in ("grpo.py", "llds.py", "rollout.py"):
+        shutil.copy2(student / file, tree / file)
+    text = (tree / "llds.py").read_text()
+    (tree / "llds.py").write_text(splice(text, "llds_loss", function_source((ROOT / "llds.py").read_text(),
+                                                                            "llds_loss")))
+    rows = {r["exercise"]: r for r in (grade.run_exercise(tree, ex) for ex in EXERCISES)}
+    print(grade.table(list(rows.values())))
+    assert rows["llds"]["points"] == rows["llds"]["max"], rows["llds"]
+    for ex, row in rows.items():
+        if ex != "llds":
+            assert row["points"] == 0 and row["total"] > 0 and "NotImplementedError" in row["first_failure"], row
+
+
+def test_grade_rejects_what_is_not_a_tree(tmp_path, capsys):
+    assert grade.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a copy of the repository" in err[0]
+
+
+@pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
+def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path):
+    exercise = next(ex for ex in EXERCISES if wrong.stem.startswith(ex + "_"))
+    header = dict(re.findall(r"^# (mistake|expect): (.+)$", wrong.read_text(), re.MULTILINE))
+    tree = modules_tree(tmp_path / "tree")
+    names = {name.split(".")[-1]: (file, name) for file, name in EXERCISES[exercise]["functions"]}
+    for node in ast.parse(wrong.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            file, name = names[node.name]
+            text = (tree / file).read_text()
+            (tree / file).write_text(splice(text, name, ast.get_source_segment(wrong.read_text(), node)))
+    row = grade.run_exercise(tree, exercise)
+    assert row["points"] < row["max"], f"{wrong.name} ({header['mistake']}) passed every test"
+    assert header["expect"] in row["first_failure"], row["first_failure"]
+
+
+def test_handout_covers_every_exercise_and_names_only_tests_that_exist():
+    text = (ROOT / "docs" / "course.md").read_text(encoding="utf-8")
+    for ex, spec in EXERCISES.items():
+        assert f"`{ex}` ({spec['points']} points)" in text, f"docs/course.md has no section for {ex}"
+    tests = set(re.findall(r"^def (test_\w+)", (ROOT / "tests" / "test_exercises.py").read_text(), re.MULTILINE))
+    named = set(re.findall(r"tests/test_exercises\.py::(\w+)", text))
+    assert named <= tests, f"docs/course.md names tests that do not exist: {sorted(named - tests)}"
+    assert tests <= named, f"docs/course.md does not say what these tests catch: {sorted(tests - named)}"
+    assert "../shared" not in text
+
+
+def test_a_file_that_does_not_parse_or_a_hang_costs_only_its_exercises(tmp_path):
+    tree = modules_tree(tmp_path / "tree")
+    src = (tree / "grpo.py").read_text()
+    (tree / "grpo.py").write_text(splice(src, "kl_k3", "def kl_k3(logp, ref_logp):\n    while True:\n        pass\n"))
+    hang = grade.run_exercise(tree, "kl", timeout=8)
+    assert hang["points"] == 0 and "timed out after 8 s" in hang["first_failure"]
+    (tree / "grpo.py").write_text(src.replace("def kl_k3(logp, ref_logp):", "def kl_k3(logp, ref_logp:"))
+    broken = grade.run_exercise(tree, "advantages")
+    assert broken["points"] == 0 and broken["first_failure"].startswith("grpo.py does not parse:")
+    assert grade.run_exercise(tree, "em")["points"] == 10  # rollout.py's exercises are graded on their own
