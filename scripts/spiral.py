@@ -9,8 +9,8 @@ warm start's. The figure draws the runs of the first lr, all seeds, lambda by co
 A finished run (its metrics and eval.json complete) is not run again: a killed grid continues where it stopped.
 
     python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~15 min
-    python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid  # the grid of docs/spiral.md: 18 runs
-    python scripts/spiral.py --out runs/grid2/g8 --group-size 8 --prompts-per-step 4  # any other flag goes to train.py
+    python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
+    python scripts/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
 """
 
 import argparse
@@ -28,8 +28,9 @@ import search_world  # noqa: E402
 import train  # noqa: E402
 from checkpoint import atomic_write  # noqa: E402
 
-# Every run's train.py flags besides --lr, --llds, --seed (docs/spiral.md, "Protocol")
-RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "16", "--micro-batch-size", "16",
+# Every run's train.py flags besides --lr, --llds, --seed (docs/spiral.md, "Protocol"): 4 optimizer steps per rollout
+# step, the second grid's cell where plain GRPO collapsed in every seed (the first grid: --mini-batch-size 16)
+RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", "--micro-batch-size", "8",
       "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--warmup-ratio", "0",
       "--save-every", "1000", "--log-rollouts-every", "5"]
 EVAL = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--batch-size", "64"]
