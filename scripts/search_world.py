@@ -25,7 +25,8 @@ Measured on 2 CPU cores (seed 0, defaults): the first command takes 4.5 min (the
 peak memory 0.9 GB); BM25 (lucene) puts the right passage first for every person's name and every town's name; the
 warm start's sampled EM (group_size 4) is 0.45 on training questions, with 61% of groups of mixed rewards, and 0.24
 on test people (on an Intel CPU; on an AMD EPYC the floating-point sums differ and the same command gives 0.39 and
-0.19). The train.py smoke run takes ~2.4 s per step, rewards 0.22-0.53. Model turns are <= 33 tokens and observations <= 108 (three town hits), so --max-new-tokens 48 and --max-obs-tokens 120 cut nothing.
+0.19). The train.py smoke run takes ~2.4 s per step, rewards 0.22-0.53. Model turns are <= 33 tokens and observations
+<= 108 (three town hits), so --max-new-tokens 48 and --max-obs-tokens 120 cut nothing.
 
 Writes OUT/corpus.jsonl, OUT/world_train.jsonl, OUT/world_test.jsonl and (unless --sft-steps 0) OUT/policy.
 """
