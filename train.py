@@ -239,8 +239,8 @@ def load_run(args: Args, rank: int, world: int, device: str):
         for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
             if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():  # the defaults
                 raise FileNotFoundError(f"{flag} {path}: not found; make it with `python scripts/prepare_data.py "
-                                        "--out-dir data/hotpotqa` (HotpotQA from the hub), or pass --train-data "
-                                        "FILE|HUB_ID (e.g. PeterJinGo/nq_hotpotqa_train, the paper's) and --corpus FILE")
+                                        "--out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID "
+                                        "and --corpus FILE, or try `python scripts/spiral.py` (offline, a search world)")
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):

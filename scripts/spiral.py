@@ -8,7 +8,7 @@ phase II/III and its lead over the collapse, the entropy and valid-action ratio 
 warm start's. The figure draws the runs of the first lr, all seeds, lambda by colour (scripts/plot_run.py).
 A finished run (its metrics and eval.json complete) is not run again: a killed grid continues where it stopped.
 
-    python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~15 min
+    python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
     python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
     python scripts/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
 """

@@ -89,8 +89,8 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python scripts/prepare_data.py "
-        "--out-dir data/hotpotqa` (HotpotQA from the hub), or pass --train-data FILE|HUB_ID (e.g. "
-        "PeterJinGo/nq_hotpotqa_train, the paper's) and --corpus FILE"]
+        "--out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try "
+        "`python scripts/spiral.py` (offline, a search world)"]
 
 
 def test_a_metric_without_a_reduction_is_an_error():
