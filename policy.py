@@ -358,6 +358,15 @@ def context_tokens(max_turns: int, max_new_tokens: int, max_obs_tokens: int, pro
     return prompt_tokens + max_turns * (max_new_tokens + max_obs_tokens) + max_new_tokens
 
 
+def row_bytes(config, context: int, dtype_bytes: int = 2) -> int:
+    """Peak bytes one generate row adds at `context` tokens: its KV cache (kv_bytes_per_token x context), the
+    prefill's largest transient, one layer's MLP (act(gate), up and their product: 3 [context, intermediate_size]
+    tensors in the compute dtype), and its row of the boolean [context, context] attention mask that sdpa gets for
+    left-padded rows: context x (kv_bytes_per_token + 3 x intermediate_size x dtype_bytes + context). Qwen2.5-3B in
+    bf16 at 3756 tokens: 3756 x (36,864 + 66,048 + 3756) = 400,645,008 bytes, 2.9x its KV cache alone."""
+    return context * (kv_bytes_per_token(config, dtype_bytes) + 3 * config.intermediate_size * dtype_bytes + context)
+
+
 def static_memory(n_params: int, *, weights_bytes: int = 4, ref_bytes: int = 2, rollout_bytes: int = 0,
                   world: int = 1) -> dict:
     """GiB per rank the run holds apart from the KV cache, by part: the policy's weights (weights_bytes per parameter:
@@ -371,19 +380,18 @@ def static_memory(n_params: int, *, weights_bytes: int = 4, ref_bytes: int = 2, 
     return {k: n_params * b / GiB for k, b in parts.items()}
 
 
-def gen_batch_size_auto(free_bytes: float, kv_per_token: int, context: int, reserve_frac: float = 0.1,
-                        cap: int | None = None) -> int:
-    """Rows per generate call (>= 1, at most `cap`, the rows a turn has) whose KV cache fits in (1 - reserve_frac) of
-    free_bytes (the memory left after the static parts; the reserve covers the logits, sampling and fragmentation):
-    floor((1 - reserve_frac) x free_bytes / (kv_per_token x context)). Raises ValueError, one line naming the flags
-    that shrink a row, when not even one row fits."""
-    row = kv_per_token * context  # bytes of one row's KV cache at its longest
+def gen_batch_size_auto(free_bytes: float, row: int, reserve_frac: float = 0.1, cap: int | None = None) -> int:
+    """Rows per generate call (>= 1, at most `cap`, the rows a turn has) that fit in (1 - reserve_frac) of free_bytes
+    (the bytes left after the static memory; the reserve covers the logits, sampling and fragmentation), a row taking
+    `row` bytes (row_bytes): floor((1 - reserve_frac) x free_bytes / row). Raises ValueError, one line naming the
+    flags to change, when not even one row fits."""
     rows = int((1 - reserve_frac) * free_bytes // row)
     if rows < 1:
-        raise ValueError(f"--gen-batch-size auto: one generate row needs {row / GiB:.2f} GiB of KV cache ({context} "
-                         f"tokens x {kv_per_token} bytes) but {free_bytes / GiB:.2f} GiB is left after the "
-                         "static memory; lower --max-new-tokens, --max-turns or --max-obs-tokens, shrink the static "
-                         "memory (--fsdp, --ref-offload, --kl-coef 0), or set --gen-batch-size N")
+        left = f"{free_bytes / GiB:.2f} GiB is left" if free_bytes > 0 else \
+            f"the static memory alone is {-free_bytes / GiB:.1f} GiB more than the memory"
+        raise ValueError(f"--gen-batch-size auto: one generate row needs {row / GiB:.2f} GiB (KV cache and prefill at "
+                         f"the longest context) but {left}; lower --max-new-tokens, --max-turns or --max-obs-tokens, "
+                         "shrink the static memory (--fsdp, --ref-offload, --kl-coef 0), or set --gen-batch-size N")
     return min(rows, cap) if cap else rows
 
 
@@ -401,17 +409,18 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     ref_bytes = next(ref.parameters()).element_size() if ref is not None else 0
     static = static_memory(n_params, weights_bytes=weights_bytes, ref_bytes=ref_bytes, world=world,
                            rollout_bytes=compute_bytes if compute_bytes != weights_bytes or world > 1 else 0)
-    kv, context = kv_bytes_per_token(model.config, compute_bytes), context_tokens(*turns)
-    left = free_bytes - sum(static.values()) * GiB  # bytes for the KV cache
-    n = gen_batch_size_auto(left, kv, context, cap=rows) if gen_batch_size == "auto" else int(gen_batch_size)
-    need = n * kv * context  # bytes of KV cache at the longest context
+    context = context_tokens(*turns)
+    kv, row = kv_bytes_per_token(model.config, compute_bytes), row_bytes(model.config, context, compute_bytes)
+    left = free_bytes - sum(static.values()) * GiB  # bytes for the generate calls
+    n = gen_batch_size_auto(left, row, cap=rows) if gen_batch_size == "auto" else int(gen_batch_size)
+    need = n * row  # bytes of n rows at the longest context
     fits = "fits" if need <= 0.9 * left else "does NOT fit: " + (
         "lower --gen-batch-size (or auto)" if left > 0 else "the static memory alone is too much (--fsdp, "
         "--ref-offload, --kl-coef 0)")
     parts = ", ".join(f"{k} {v:.1f}" for k, v in static.items() if v)
     return n, (f"memory plan per rank: {n_params / 1e6:,.0f}M params, static {sum(static.values()):.1f} GiB ({parts})\n"
-               f"  + KV cache {kv:,} bytes/token x {context} tokens x {n} rows per generate call = {need / GiB:.1f} GiB"
-               f" | {free_bytes / GiB:.1f} GiB usable: {fits}")
+               f"  + generate: {n} rows per call x {context} tokens x (KV {kv:,} + prefill {row // context - kv:,} "
+               f"bytes/token) = {need / GiB:.1f} GiB | {free_bytes / GiB:.1f} GiB usable: {fits}")
 
 
 if __name__ == "__main__":

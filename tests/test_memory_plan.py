@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from policy import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
-from policy import static_memory  # noqa: E402
+from policy import row_bytes, static_memory  # noqa: E402
 from train import parse_args  # noqa: E402
 
 QWEN_3B = dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
@@ -33,15 +33,21 @@ def test_context_is_the_last_turns():
     assert context_tokens(0, 16, 48, prompt_tokens=100) == 116  # answer-only: the prompt and one turn
 
 
+def test_row_bytes_by_hand():
+    # context x (KV + 3 x intermediate x bytes (the prefill's MLP) + context (its row of the bool mask))
+    assert row_bytes(Qwen2Config(**QWEN_3B), 3756, 2) == 3756 * (36_864 + 3 * 11008 * 2 + 3756) == 400_645_008
+    assert row_bytes(Qwen2Config(**TINY), 400, 4) == 400 * (512 + 3 * 128 * 4 + 400) == 979_200
+
+
 def test_gen_batch_size_auto_with_a_fake_free_memory():
-    kv, ctx = 36_864, 3756  # Qwen2.5-3B in bf16 at the paper's context: 138,461,184 bytes per row
+    row = 36_864 * 3756  # 138,461,184 bytes: Qwen2.5-3B's KV cache in bf16 at the paper's context
     # 0.9 x 10 GiB = 9,663,676,416 bytes / 138,461,184 = 69.8 -> 69 rows
-    assert gen_batch_size_auto(10 * GiB, kv, ctx) == 69
-    assert gen_batch_size_auto(10 * GiB, kv, ctx, cap=40) == 40  # no more rows than a turn has
-    assert gen_batch_size_auto(10 * GiB, kv, ctx, reserve_frac=0.0) == 77  # 10,737,418,240 / 138,461,184 = 77.5
+    assert gen_batch_size_auto(10 * GiB, row) == 69
+    assert gen_batch_size_auto(10 * GiB, row, cap=40) == 40  # no more rows than a turn has
+    assert gen_batch_size_auto(10 * GiB, row, reserve_frac=0.0) == 77  # 10,737,418,240 / 138,461,184 = 77.5
     for free in (0.1 * GiB, -5 * GiB):  # less than a row; the static memory alone too much
         with pytest.raises(ValueError) as err:
-            gen_batch_size_auto(free, kv, ctx)
+            gen_batch_size_auto(free, row)
         msg = str(err.value)
         assert len(msg.splitlines()) == 1
         for flag in ("--gen-batch-size", "--max-new-tokens", "--max-turns", "--max-obs-tokens"):
@@ -65,10 +71,11 @@ def test_memory_plan_for_3b_on_an_80_gb_card():
         ref = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN_3B)).to(torch.bfloat16)  # the bf16 reference
     assert sum(p.numel() for p in model.parameters()) == 3_085_938_688  # 3.09B, as published
     # static: n x (4 + 4 + 8 + 2 ref + 2 rollout bf16 copy) = 20 x 3,085,938,688 = 61,718,773,760 bytes;
-    # left for the KV cache: 80e9 - that = 18,281,226,240; x 0.9 / 138,461,184 bytes per row = 118.8 -> 118
+    # left for generating: 80e9 - that = 18,281,226,240; x 0.9 / 400,645,008 bytes per row = 41.07 -> 41
     n, plan = memory_plan(model, 80e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)
-    assert n == 118
-    assert "3,086M params, static 57.5 GiB" in plan and "36,864 bytes/token x 3756 tokens x 118 rows" in plan
+    assert n == 41
+    assert "3,086M params, static 57.5 GiB" in plan
+    assert "41 rows per call x 3756 tokens x (KV 36,864 + prefill 69,804 bytes/token)" in plan
     assert plan.endswith("fits")
     n, plan = memory_plan(model, 80e9, "512", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)  # kept as given
     assert n == 512 and "does NOT fit: lower --gen-batch-size" in plan
