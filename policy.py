@@ -7,7 +7,8 @@ temperature on the logits (P17), the same ids the sampler could emit (P16), the 
 prompts, dropout off (P18). This file loads the model (load_policy, load_reference), batches trajectories (collate)
 and computes those log-probs: response_logp is the memory-lean version train.py uses (only the response positions'
 logits, chunked log-softmax, recomputed in backward), response_logp_plain the obvious one it must agree with
-(tests/test_policy.py).
+(tests/test_policy.py). The memory plan (memory_plan) is here too: the static memory a run holds and the rows per
+generate call --gen-batch-size auto takes, from the model's config (docs/scaling.md#the-memory-plan).
 
 Loading: transformers loads what it is given with little checking: a folder without tokenizer files gives an empty
 tokenizer (generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in
@@ -388,7 +389,7 @@ def gen_batch_size_auto(free_bytes: float, row: int, reserve_frac: float = 0.1, 
     rows = int((1 - reserve_frac) * free_bytes // row)
     if rows < 1:
         left = f"{free_bytes / GiB:.2f} GiB is left" if free_bytes > 0 else \
-            f"the static memory alone is {-free_bytes / GiB:.1f} GiB more than the memory"
+            f"the static memory alone is {-free_bytes / GiB:.1f} GiB more than the usable memory"
         raise ValueError(f"--gen-batch-size auto: one generate row needs {row / GiB:.2f} GiB (KV cache and prefill at "
                          f"the longest context) but {left}; lower --max-new-tokens, --max-turns or --max-obs-tokens, "
                          "shrink the static memory (--fsdp, --ref-offload, --kl-coef 0), or set --gen-batch-size N")
