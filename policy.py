@@ -7,7 +7,8 @@ temperature on the logits (P17), the same ids the sampler could emit (P16), the 
 prompts, dropout off (P18). This file loads the model (load_policy, load_reference), batches trajectories (collate)
 and computes those log-probs: response_logp is the memory-lean version train.py uses (only the response positions'
 logits, chunked log-softmax, recomputed in backward), response_logp_plain the obvious one it must agree with
-(tests/test_policy.py).
+(tests/test_policy.py). The memory plan (memory_plan) is here too: the static memory a run holds and the rows per
+generate call --gen-batch-size auto takes, from the model's config (docs/scaling.md#the-memory-plan).
 
 Loading: transformers loads what it is given with little checking: a folder without tokenizer files gives an empty
 tokenizer (generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in
@@ -20,6 +21,7 @@ flag, the file and the fix.
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -320,6 +322,106 @@ def save_reference(model_name: str, dtype: str, tokenizer, offload_dir: Path):
     shutil.rmtree(offload_dir, ignore_errors=True)
     load_policy(model_name, dtype, "cpu")[0].save_pretrained(offload_dir)
     tokenizer.save_pretrained(offload_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The memory plan: what the run holds before step 1, and how many rows one generate call can take (train.py prints it
+# at start-up and sizes --gen-batch-size auto with it; benchmarks/memory_plan.py prints it for the paper's models).
+
+GiB = 2**30
+PROMPT_TOKENS = 256  # the plan's prompt budget: the Search-R1 instruction (~170 tokens) and a question
+
+
+def free_memory(device: str) -> int:
+    """Bytes this process can use on `device`: what is free now plus what it holds already (the plan counts the
+    policy and reference itself, so the figure is the same before and after they are loaded). CUDA:
+    torch.cuda.mem_get_info's free + the caching allocator's reserved bytes; CPU: available physical pages + this
+    process's resident set (/proc/self/statm), no psutil."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page + int(Path("/proc/self/statm").read_text().split()[1]) * page
+
+
+def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
+    """Bytes of KV cache one token of context holds during generate: layers x KV heads x head dim x 2 (K and V) x
+    dtype_bytes (2 in bf16). head_dim is config.head_dim when the config sets it, else hidden_size //
+    num_attention_heads. Qwen2.5-3B in bf16: 36 x 2 x 128 x 2 x 2 = 36,864 bytes per token."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return config.num_hidden_layers * kv_heads * head_dim * 2 * dtype_bytes
+
+
+def context_tokens(max_turns: int, max_new_tokens: int, max_obs_tokens: int, prompt_tokens: int = PROMPT_TOKENS) -> int:
+    """The longest context a generate call caches: the last (answer-only) turn, after max_turns search turns of
+    max_new_tokens generated and max_obs_tokens retrieved each, generating its own max_new_tokens:
+    prompt_tokens + max_turns x (max_new_tokens + max_obs_tokens) + max_new_tokens. 3 turns of 500 + 500: 3756."""
+    return prompt_tokens + max_turns * (max_new_tokens + max_obs_tokens) + max_new_tokens
+
+
+def row_bytes(config, context: int, dtype_bytes: int = 2) -> int:
+    """Peak bytes one generate row adds at `context` tokens: its KV cache (kv_bytes_per_token x context), the
+    prefill's largest transient, one layer's MLP (act(gate), up and their product: 3 [context, intermediate_size]
+    tensors in the compute dtype), and its row of the boolean [context, context] attention mask that sdpa gets for
+    left-padded rows: context x (kv_bytes_per_token + 3 x intermediate_size x dtype_bytes + context). Qwen2.5-3B in
+    bf16 at 3756 tokens: 3756 x (36,864 + 66,048 + 3756) = 400,645,008 bytes, 2.9x its KV cache alone."""
+    return context * (kv_bytes_per_token(config, dtype_bytes) + 3 * config.intermediate_size * dtype_bytes + context)
+
+
+def static_memory(n_params: int, *, weights_bytes: int = 4, ref_bytes: int = 2, rollout_bytes: int = 0,
+                  world: int = 1) -> dict:
+    """GiB per rank the run holds apart from the KV cache, by part: the policy's weights (weights_bytes per parameter:
+    4 in fp32, train.py's default), its gradients (the same dtype), AdamW's m and v (2 x weights_bytes: torch keeps
+    them in the parameters' dtype), the frozen reference (ref_bytes: 2 in bf16, 0 with --kl-coef 0 or --ref-offload,
+    which loads it for its own pass only), and during the rollout a copy of the weights in the compute dtype
+    (rollout_bytes: 2 for bf16 autocast's cache of cast weights, or FSDP's gathered bf16 weights; 0 when the
+    weights are used as they are). FSDP (world ranks) shards all but the gathered copy."""
+    parts = {"policy": weights_bytes / world, "gradients": weights_bytes / world,
+             "AdamW m, v": 2 * weights_bytes / world, "reference": ref_bytes / world, "rollout weights": rollout_bytes}
+    return {k: n_params * b / GiB for k, b in parts.items()}
+
+
+def gen_batch_size_auto(free_bytes: float, row: int, reserve_frac: float = 0.1, cap: int | None = None) -> int:
+    """Rows per generate call (>= 1, at most `cap`, the rows a turn has) that fit in (1 - reserve_frac) of free_bytes
+    (the bytes left after the static memory; the reserve covers the logits, sampling and fragmentation), a row taking
+    `row` bytes (row_bytes): floor((1 - reserve_frac) x free_bytes / row). Raises ValueError, one line naming the
+    flags to change, when not even one row fits."""
+    rows = int((1 - reserve_frac) * free_bytes // row)
+    if rows < 1:
+        left = f"{free_bytes / GiB:.2f} GiB is left" if free_bytes > 0 else \
+            f"the static memory alone is {-free_bytes / GiB:.1f} GiB more than the usable memory"
+        raise ValueError(f"--gen-batch-size auto: one generate row needs {row / GiB:.2f} GiB (KV cache and prefill at "
+                         f"the longest context) but {left}; lower --max-new-tokens, --max-turns or --max-obs-tokens, "
+                         "shrink the static memory (--fsdp, --ref-offload, --kl-coef 0), or set --gen-batch-size N")
+    return min(rows, cap) if cap else rows
+
+
+def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows: int, turns: tuple[int, int, int],
+                bf16: bool, ref=None, world: int = 1) -> tuple[int, str]:
+    """(rows per generate call, the plan as printable lines) for `model` (loaded, or built on the meta device: only
+    its config, parameter count and dtype are read) on a rank with free_bytes (free_memory). gen_batch_size: "auto"
+    (gen_batch_size_auto) or a count, kept as given. rows: the contexts a turn generates for on this rank (the cap);
+    turns: (max_turns, max_new_tokens, max_obs_tokens); bf16: the passes compute in bf16 (autocast or FSDP on GPU;
+    then the KV cache is bf16 and the rollout holds a bf16 copy of fp32 weights); ref: the reference model kept in
+    memory (its dtype is read), or None (no KL term, or --ref-offload). Raises ValueError (gen_batch_size_auto) when
+    auto finds no room; a count that does not fit is reported in the plan, not raised (the figure is an estimate)."""
+    n_params, weights_bytes = sum(p.numel() for p in model.parameters()), next(model.parameters()).element_size()
+    compute_bytes = 2 if bf16 else weights_bytes
+    ref_bytes = next(ref.parameters()).element_size() if ref is not None else 0
+    static = static_memory(n_params, weights_bytes=weights_bytes, ref_bytes=ref_bytes, world=world,
+                           rollout_bytes=compute_bytes if compute_bytes != weights_bytes or world > 1 else 0)
+    context = context_tokens(*turns)
+    kv, row = kv_bytes_per_token(model.config, compute_bytes), row_bytes(model.config, context, compute_bytes)
+    left = free_bytes - sum(static.values()) * GiB  # bytes for the generate calls
+    n = gen_batch_size_auto(left, row, cap=rows) if gen_batch_size == "auto" else int(gen_batch_size)
+    need = n * row  # bytes of n rows at the longest context
+    fits = "fits" if need <= 0.9 * left else "does NOT fit: " + (
+        "lower --gen-batch-size (or auto)" if left > 0 else "the static memory alone is too much (--fsdp, "
+        "--ref-offload, --kl-coef 0)")
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in static.items() if v)
+    return n, (f"memory plan per rank: {n_params / 1e6:,.0f}M params, static {sum(static.values()):.1f} GiB ({parts})\n"
+               f"  + generate: {n} rows per call x {context} tokens x (KV {kv:,} + prefill {row // context - kv:,} "
+               f"bytes/token) = {need / GiB:.1f} GiB | {free_bytes / GiB:.1f} GiB usable: {fits}")
 
 
 if __name__ == "__main__":

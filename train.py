@@ -31,13 +31,12 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import checkpoint
-from checkpoint import atomic_write
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
-from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
-                    save_reference)
+from policy import (autocast, batch_logp, collate, enable_grad_ckpt, free_memory, load_policy, load_reference,
+                    memory_plan, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from rollout import (check_obs_budget, diverged_sampling, episode_stats, hf_generator, load_questions, next_prompts,
                      rollout, rollout_metrics)
@@ -65,7 +64,7 @@ class Args:
     topk: int = 3  # passages per search
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
-    gen_batch_size: int = 64  # rows per generate call
+    gen_batch_size: str = "64"  # rows per generate call, or auto: as many as the free memory holds (policy.py)
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
@@ -105,16 +104,18 @@ class Args:
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
 
 
-RANGES = {  # Args field -> (valid?, the valid range in words); every number is checked before the run starts
+RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
     **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
                      "llds_ma_weight"), (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "gen_batch_size",
+    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk",
                      "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
                      "keep_checkpoints", "alarm_k"), (lambda v: v >= 1, ">= 1")),
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "gen_batch_size": (lambda v: v == "auto" or v.isdigit() and int(v) >= 1, "an integer >= 1 or auto"),
+    "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
@@ -134,13 +135,11 @@ def parse_args(argv=None) -> Args:
         elif m := re.fullmatch(r"    (\w+): .*?  # (.+)", line):
             groups[m[1]], docs[m[1]] = group, m[2]
     for f in dataclasses.fields(Args):
-        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else \
-            {"type": f.type if f.type in (int, float) else str}
+        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}  # str, int or float
         groups[f.name].add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
                                     help=f"{docs[f.name]} (default: {'unset' if f.default in (None, '') else f.default})")
     args = Args(**vars(ap.parse_args(argv)))
-    if args.clip_eps_high is None:  # (unset) the code's symmetric clip unless asked otherwise
-        args.clip_eps_high = args.clip_eps
+    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high  # unset: symmetric
     for name, ok in CHOICES.items():
         if getattr(args, name) not in ok:
             ap.error(f"--{name.replace('_', '-')} must be one of {ok}, got {getattr(args, name)!r}")
@@ -148,8 +147,6 @@ def parse_args(argv=None) -> Args:
         value = getattr(args, name)
         if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
             ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
-    if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
-        ap.error(f"--device must be cpu, cuda, cuda:N or auto, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False); "
                  "use --device cpu, or install a CUDA build of torch")
@@ -259,14 +256,18 @@ def load_run(args: Args, rank: int, world: int, device: str):
             return shard(ref) if args.fsdp else ref
         kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
         ref_model = lambda: kept if kept is not None else reference(Path(args.out_dir) / ".ref")  # noqa: E731
+        bf16 = (args.fsdp and "cuda" in device) or isinstance(autocast(args.amp, device, args.dtype)(), torch.autocast)
+        gen_rows, plan = memory_plan(model, free_memory(device), args.gen_batch_size, bf16=bf16, ref=kept, world=world,
+                                     rows=-(-args.prompts_per_step // world) * args.group_size,
+                                     turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
-    print0(f"{len(rows)} questions | {retriever} | {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params on "
-           f"{world} x {device} | {args.prompts_per_step}x{args.group_size} trajectories/step, "
-           f"{-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | out {args.out_dir}")
-    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None
+    print0(f"{len(rows)} questions | {retriever} | {world} x {device} | {args.prompts_per_step}x{args.group_size} "
+           f"trajectories/step, {-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | "
+           f"out {args.out_dir}\n{plan}")  # the plan: the parameters, whether the run fits, rows per generate call
+    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None, gen_rows
 
 
 def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr,
@@ -294,7 +295,7 @@ def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank:
         print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses fell or "
                f"stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
     if rank == 0:
-        atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        checkpoint.atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | kl {m.get('grpo/kl', 0):.5f}"
            f" | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
            f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
@@ -302,7 +303,7 @@ def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank:
         recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
                  "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
                 for i, e in enumerate(episodes[:args.num_log_rollouts])]
-        atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
 
 
 def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args) -> int:
@@ -322,10 +323,9 @@ def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int,
 def main(args: Args):
     rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
                                                                            "--mini-batch-size": args.mini_batch_size})
-    ckpt, state, rows, retriever, model, tokenizer, device, ref_model = load_run(args, rank, world, device)
+    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, gen_rows = load_run(args, rank, world, device)
     out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
-    if args.grad_ckpt:
-        enable_grad_ckpt(model)
+    enable_grad_ckpt(model) if args.grad_ckpt else None
     model = shard(model) if args.fsdp else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
                                   fused=True)  # fused: one in-place kernel per tensor, no temporaries at the peak
@@ -339,7 +339,7 @@ def main(args: Args):
                                                             if start > args.steps else ""))
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
     generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p, batch_size=args.gen_batch_size)  # sampling, as the paper's code
+                            top_p=args.top_p, batch_size=gen_rows)  # sampling, as the paper's code
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
     with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):

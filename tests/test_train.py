@@ -550,3 +550,31 @@ def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch
     with pytest.raises(SystemExit, match="stop here"):
         train_in_process(files, files["dir"] / "bm25_flag", "--bm25", "okapi", "--retriever-timeout", "7")
     assert seen["bm25"] == "okapi" and seen["timeout"] == 7.0 and seen["corpus"] == files["corpus"]
+
+
+# Issue 16: the memory plan at start-up, --gen-batch-size auto from a fake free-memory figure
+
+
+def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files, monkeypatch, capsys):
+    import rollout
+    import train
+
+    sizes = []
+    real = rollout.hf_generator
+    monkeypatch.setattr(train, "hf_generator", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
+    # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
+    # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
+    # tokens: 979,200 bytes per row (policy.row_bytes). The static memory plus 3 rows free: floor(0.9 x 3) = 2 rows
+    # per generate call (a turn has 2 x 4 = 8)
+    model = load_policy(files["model"], "float32", "cpu")[0]
+    n = sum(p.numel() for p in model.parameters())
+    static = n * (4 + 4 + 8 + 4)  # fp32 policy, gradients, AdamW m and v, reference (--ref-dtype float32)
+    monkeypatch.setattr(train, "free_memory", lambda device: static + 3 * 979_200)
+    train_in_process(files, files["dir"] / "auto", "--steps", "1", "--gen-batch-size", "auto", "--ref-dtype", "float32")
+    out = capsys.readouterr().out
+    assert "memory plan per rank:" in out and "2 rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
+    assert sizes == [2] and "step 1 |" in out
+    monkeypatch.setattr(train, "free_memory", lambda device: 2**20)  # 1 MiB: not even the static memory
+    with pytest.raises(SystemExit, match="error: --gen-batch-size auto: one generate row needs .* lower "
+                                         "--max-new-tokens, --max-turns or --max-obs-tokens"):
+        train_in_process(files, files["dir"] / "auto_small", "--steps", "1", "--gen-batch-size", "auto")
