@@ -110,8 +110,14 @@ def test_grade_rejects_what_is_not_a_tree(tmp_path, capsys):
 @pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path):
     exercise = next(ex for ex in EXERCISES if wrong.stem.startswith(ex + "_"))
-    header = dict(re.findall(r"^# (mistake|expect): (.+)$", wrong.read_text(), re.MULTILINE))
+    header = dict(re.findall(r"^# (mistake|expect|patch|replace|with): (.+)$", wrong.read_text(), re.MULTILINE))
     tree = modules_tree(tmp_path / "tree")
+    if "patch" in header:  # a one-line mistake: our function with one text replaced (it must occur exactly once)
+        file, name = header["patch"].split()
+        ours = function_source((ROOT / file).read_text(), name)
+        assert ours.count(header["replace"]) == 1, f"{wrong.name}: '{header['replace']}' is not once in {name}"
+        text = (tree / file).read_text()
+        (tree / file).write_text(splice(text, name, ours.replace(header["replace"], header["with"])))
     names = {name.split(".")[-1]: (file, name) for file, name in EXERCISES[exercise]["functions"]}
     for node in ast.parse(wrong.read_text()).body:
         if isinstance(node, ast.FunctionDef):
