@@ -220,12 +220,13 @@ def enable_grad_ckpt(model):
     """Checkpoint each decoder layer with torch's non-reentrant checkpoint, whenever gradients are on.
 
     NOTE(departure): not model.gradient_checkpointing_enable(): HF checkpoints only in train mode, and the policy
-    stays in eval mode (P18), where that call silently does nothing.
+    stays in eval mode (P18), where that call silently does nothing. Returns `model` (changed in place).
     """
     for layer in model.model.layers:
         def forward(*a, _f=layer.forward, **kw):
             return activation_checkpoint(_f, *a, use_reentrant=False, **kw) if torch.is_grad_enabled() else _f(*a, **kw)
         layer.forward = forward
+    return model
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -325,7 +325,7 @@ def main(args: Args):
                                                                            "--mini-batch-size": args.mini_batch_size})
     ckpt, state, rows, retriever, model, tokenizer, device, ref_model, gen_rows = load_run(args, rank, world, device)
     out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
-    enable_grad_ckpt(model) if args.grad_ckpt else None
+    model = enable_grad_ckpt(model) if args.grad_ckpt else model
     model = shard(model) if args.fsdp else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
                                   fused=True)  # fused: one in-place kernel per tensor, no temporaries at the peak
