@@ -259,11 +259,13 @@ def build_tokenizer():
 # Model
 # --------------------------------------------------------------------------------------------------------------------
 
-def build_model(tokenizer, seed: int = 0, dropout: float = 0.0):
+def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, **shape):
     """A randomly initialised 2-layer ``Qwen2ForCausalLM`` (float32, eval mode) matching ``tokenizer``.
 
     The vocab is ``len(tokenizer) + 16``: ids >= len(tokenizer) exist in the lm_head but not in the tokenizer (as in
-    Qwen2.5), so tests can check such ids are never sampled.
+    Qwen2.5), so tests can check such ids are never sampled. shape: Qwen2Config fields that replace the tiny ones
+    (benchmarks/gpu_check.py builds Qwen2.5-0.5B and 3B with benchmarks/memory_plan.py's CONFIGS); a vocab_size
+    below len(tokenizer) is a ValueError.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -271,20 +273,23 @@ def build_model(tokenizer, seed: int = 0, dropout: float = 0.0):
     eos_id = tokenizer.eos_token_id
     # Qwen2.5 has no BOS token in the tokenizer but bos_token_id = <|endoftext|> in config.json; mirror that.
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad_id
-    config = Qwen2Config(
-        vocab_size=len(tokenizer) + EXTRA_MODEL_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        attention_dropout=dropout,
-        tie_word_embeddings=False,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
+    config = Qwen2Config(**{
+        "vocab_size": len(tokenizer) + EXTRA_MODEL_VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "attention_dropout": dropout,
+        "tie_word_embeddings": False,
+        **shape,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+    })
+    if config.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {config.vocab_size} < the tokenizer's {len(tokenizer)} tokens")
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM._from_config(config, dtype=torch.float32)
     model.eval()
