@@ -53,26 +53,35 @@ def model_path(name: str, tmp: Path) -> str:
     return os.environ.get("BENCH_QWEN", "Qwen/Qwen2.5-0.5B-Instruct")  # --qwen: a hub id or a local folder
 
 
+def time_retrieval(train) -> dict:
+    """Make train.make_retriever's retrievers add each search's wall time to the returned dict's "retrieval_s" (the
+    retriever object is kept: train.py prints it and calls its .search)."""
+    timing, make = {"retrieval_s": 0.0}, train.make_retriever
+
+    def timed_retriever(*a, **kw):
+        retriever = make(*a, **kw)
+        search = retriever.search
+
+        def timed_search(queries, topk):
+            t = time.time()
+            try:
+                return search(queries, topk)
+            finally:
+                timing["retrieval_s"] += time.time() - t
+        retriever.search = timed_search
+        return retriever
+
+    train.make_retriever = timed_retriever
+    return timing
+
+
 def child_step(model: str, steps: int, out_dir: str, amp: str):
     """In the subprocess: train.main (--amp amp) with a timed retriever; prints one JSON line of figures."""
     import torch
 
     import train
 
-    timing = {"retrieval_s": 0.0}
-    make = train.make_retriever
-
-    def timed_retriever(*a, **kw):
-        inner = make(*a, **kw)
-
-        def call(queries, topk):
-            t = time.time()
-            out = inner(queries, topk)
-            timing["retrieval_s"] += time.time() - t
-            return out
-        return call
-
-    train.make_retriever = timed_retriever
+    timing = time_retrieval(train)
     args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, "--amp", amp, *STEP_FLAGS])
     train.main(args)
     m = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
