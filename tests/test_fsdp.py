@@ -85,7 +85,8 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
     model = save_tiny(tmp_path / "model")
     base = ["train.py", "--fsdp", "--model", model, "--train-data", str(tmp_path / "q.jsonl"), "--corpus",
-            str(tmp_path / "c.jsonl"), "--kl-coef", "0.01", "--llds", "0.1", "--warmup-ratio", "0", *SMALL]
+            str(tmp_path / "c.jsonl"), "--kl-coef", "0.01", "--llds", "0.1", "--warmup-ratio", "0", *SMALL,
+            "--device", "cpu"]  # gloo: 2 ranks on a machine with 1 GPU would ask for cuda:1
     r = torchrun(*base, "--steps", "3", "--out-dir", str(tmp_path / "full"), logs=tmp_path / "logs")
     assert r.stdout.count("step 1 |") == 1  # rank 0 prints, rank 1 does not
     off = ["--ref-offload"]  # the interrupted run reads the reference from disk (rank 0 writes it): no number changes

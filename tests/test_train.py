@@ -464,7 +464,7 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
     for i, p in enumerate(passes):
         fresh = copy.deepcopy(p["model"])  # the policy, or the (bf16) reference
         fresh.load_state_dict(p["state"])
-        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        with torch.no_grad(), torch.autocast(p["logits"].device.type, torch.bfloat16):  # cpu, or cuda on a GPU
             logits = fresh(**p["kwargs"]).logits
         torch.testing.assert_close(logits, p["logits"], atol=1e-3, rtol=0, msg=f"forward {i}")
     policy = [p for p in passes if p["model"] is passes[0]["model"]]
@@ -570,7 +570,8 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     n = sum(p.numel() for p in model.parameters())
     static = n * (4 + 4 + 8 + 4)  # fp32 policy, gradients, AdamW m and v, reference (--ref-dtype float32)
     monkeypatch.setattr(train, "free_memory", lambda device: static + 3 * 979_200)
-    train_in_process(files, files["dir"] / "auto", "--steps", "1", "--gen-batch-size", "auto", "--ref-dtype", "float32")
+    train_in_process(files, files["dir"] / "auto", "--steps", "1", "--gen-batch-size", "auto", "--ref-dtype", "float32",
+                     "--device", "cpu")  # the figures above are the CPU's (on a GPU, --amp auto is bf16)
     out = capsys.readouterr().out
     assert "memory plan per rank:" in out and "2 rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
     assert sizes == [2] and "step 1 |" in out
