@@ -1,0 +1,44 @@
+"""benchmarks/gpu_check.py --tiny on the CPU, as CI runs it, so that the GPU check does not rot before a GPU runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = [sys.executable, "benchmarks/gpu_check.py"]
+FIGURES = ("step_s", "gen_s", "logp_s", "update_s", "gen_tok_s", "trained_tokens", "peak_gib", "params")
+
+
+def test_tiny_run_writes_every_row_with_positive_figures(tmp_path):
+    """Both rows (--fsdp off and on one torchrun rank), each with positive timings, tokens/s and peak memory, step 2's
+    figures taken from the run's own metrics; the tests part runs one named test through pytest."""
+    out = tmp_path / "x.json"
+    r = subprocess.run([*SCRIPT, "--tiny", "--out", str(out), "--tests",
+                        "tests/test_memory_plan.py::test_kv_bytes_per_token_by_hand"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", False), ("tiny", True)]
+    for row in report["rows"]:
+        assert "error" not in row, row
+        assert all(row[k] > 0 for k in FIGURES), row
+        assert row["retrieval_s"] >= 0 and row["mfu"] is None  # no peak FLOP/s figure for a CPU
+        assert len(row["steps"]) == 2 and row["update_s"] == row["steps"][1]["perf/update_s"]
+        assert row["gen_s"] + row["retrieval_s"] == pytest.approx(row["steps"][1]["perf/rollout_s"])
+    assert report["tests"]["rc"] == 0 and "1 passed" in report["tests"]["summary"], report["tests"]
+    table = r.stdout[r.stdout.index("model "):]
+    assert table.count("\ntiny ") == 2 and "failed" not in table and str(out) in r.stdout
+
+
+def test_bad_input_is_one_clear_line():
+    r = subprocess.run([*SCRIPT, "--tiny", "--models", "Qwen2.5-3B"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith("--tiny trains the tests' tiny model "
+                                                                            "only: leave out --models"), r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+            "error: no CUDA device: run with --tiny on a CPU"), r.stderr
