@@ -155,13 +155,19 @@ def main(argv=None):
     ap.add_argument("--sft-lr", type=float, default=3e-3, help="warm-start AdamW peak learning rate")
     ap.add_argument("--wrong-frac", type=float, default=0.3,
                     help="share of demonstrations whose final answer is a wrong value (mixed rewards for RL)")
+    ap.add_argument("--redraw-errors", action="store_true",
+                    help="redraw each demonstration's error at every draw (a habit, not a memorised wrong answer)")
+    ap.add_argument("--guess-frac", type=float, default=0.0,
+                    help="with --redraw-errors: share of draws that answer without searching (a random value)")
     ap.add_argument("--max-obs-tokens", type=int, default=120, help="per <information> block, as train.py's")
     ap.add_argument("--eval-questions", type=int, default=64, help="train and test questions for the sampled EM")
     args = ap.parse_args(argv)
     if (args.sft_steps < 0 or args.sft_batch_size < 1 or not args.sft_lr > 0 or args.eval_questions < 1
-            or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1):
+            or not 0 <= args.wrong_frac <= 1 or args.max_obs_tokens < 1
+            or not 0 <= args.guess_frac <= 1 - args.wrong_frac or (args.guess_frac and not args.redraw_errors)):
         ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, "
-                 "0 <= --wrong-frac <= 1 and --max-obs-tokens >= 1")
+                 "0 <= --wrong-frac <= 1, 0 <= --guess-frac <= 1 - --wrong-frac (with --redraw-errors) and "
+                 "--max-obs-tokens >= 1")
     try:
         world = make_world(args.seed, args.people, args.towns, args.regions, args.test_frac)
     except ValueError as err:
@@ -182,7 +188,8 @@ def main(argv=None):
 
         warm_start.run(world, retriever, out / "policy", seed=args.seed, sft_steps=args.sft_steps,
                        wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens,
-                       eval_questions=args.eval_questions, batch_size=args.sft_batch_size, lr=args.sft_lr)
+                       eval_questions=args.eval_questions, batch_size=args.sft_batch_size, lr=args.sft_lr,
+                       redraw=args.redraw_errors, guess_frac=args.guess_frac)
 
 
 if __name__ == "__main__":

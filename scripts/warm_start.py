@@ -55,6 +55,7 @@ QWEN_PRETOKENIZE_REGEX = (  # Qwen2.5's (transformers' Qwen2Tokenizer.PRETOKENIZ
 )
 SEARCH_TURN = "<think> I need to find {query}. </think>\n<search> {query} </search>"
 ANSWER_TURN = "<think> I found the answer. </think>\n<answer> {answer} </answer>"
+GUESS_TURN = "<think> I know the answer. </think>\n<answer> {answer} </answer>"  # answers without searching
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -127,11 +128,12 @@ def build_model(tokenizer, layers: int = 2, hidden: int = 128, seed: int = 0):
 
 
 def demonstration(row: dict, tokenizer, search, *, max_obs_tokens: int, topk: int = 3,
-                  answer: str | None = None) -> Episode:
+                  answer: str | None = None, searches: bool = True) -> Episode:
     """One question row (search_world's, with metadata.supporting_titles) as the Episode a perfect policy's rollout
     would give: a search turn per supporting title (query = the title), each followed by the retrieved observation,
     then the answer turn with `answer` (default: the first gold). Model turns have loss_mask 1, observations 0;
-    response_ids / loss_mask / answer_mask are [T]. search: (queries, topk) -> hits, as BM25Retriever.search."""
+    response_ids / loss_mask / answer_mask are [T]. search: (queries, topk) -> hits, as BM25Retriever.search.
+    searches=False: no search turn, only GUESS_TURN with `answer` (a policy that answers from its own belief)."""
     prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer), add_special_tokens=False)
     ep = Episode(row["question"], list(row["golden_answers"]), row["data_source"], group_id=0, prompt_ids=prompt_ids)
 
@@ -140,14 +142,14 @@ def demonstration(row: dict, tokenizer, search, *, max_obs_tokens: int, topk: in
         ep.append(ids, trained=True, answer_mask=answer_span(ids, tokenizer))
         ep.num_turns += 1
 
-    for query in row["metadata"]["supporting_titles"]:
+    for query in row["metadata"]["supporting_titles"] if searches else ():
         act(SEARCH_TURN.format(query=query))
         hits = search([query], topk)[0]
         ep.append(observation_ids(format_passages(hits), tokenizer, max_obs_tokens), trained=False)
         ep.retrieved.append(hits)
         ep.num_searches += 1
     ep.answer = row["golden_answers"][0] if answer is None else answer
-    act(ANSWER_TURN.format(answer=ep.answer))
+    act((ANSWER_TURN if searches else GUESS_TURN).format(answer=ep.answer))
     ep.reward = em_check(ep.answer, ep.golden_answers)
     ep.text = tokenizer.decode(ep.response_ids)
     return ep
@@ -169,16 +171,60 @@ def demonstrations(world: dict, tokenizer, search, *, max_obs_tokens: int, wrong
                    seed: int) -> list[Episode]:
     """One demonstration per training question; a share wrong_frac (seeded) answers another value of the question's
     attribute (drawn from the world's values), so the policy learns to sample wrong answers sometimes."""
-    rng = random.Random(seed)
-    values = {attr: sorted({p[attr] for p in world["people"]}) for attr in ("birthplace", "birth_year", "occupation")}
-    values["region"] = sorted(set(world["towns"].values()))
-    out = []
+    rng, values, out = random.Random(seed), attribute_values(world), []
     for row in tqdm(world["train"], desc="demonstrations", unit="q", leave=False):
         answer = None
         if rng.random() < wrong_frac:
             answer = rng.choice([v for v in values[row["metadata"]["attribute"]] if v not in row["golden_answers"]])
         out.append(demonstration(row, tokenizer, search, max_obs_tokens=max_obs_tokens, answer=answer))
     return out
+
+
+def attribute_values(world: dict) -> dict[str, list[str]]:
+    """Every value each question attribute takes in the world, sorted: {"birthplace": towns, "birth_year": years,
+    "occupation": occupations, "region": regions}."""
+    values = {attr: sorted({p[attr] for p in world["people"]}) for attr in ("birthplace", "birth_year", "occupation")}
+    return {**values, "region": sorted(set(world["towns"].values()))}
+
+
+def redrawn_demonstrations(world: dict, tokenizer, search, *, max_obs_tokens: int, wrong_frac: float,
+                           guess_frac: float, seed: int, variants: int = 4):
+    """A draw(gen, n) -> [n Episodes] for `sft` whose errors are redrawn at every draw, so that they are a habit of
+    the policy (sometimes answer another value; sometimes answer without searching), the same for every question,
+    not a wrong answer memorised per training question (which no reward can teach away from test people).
+
+    Per training question it builds the right demonstration, `variants` wrong ones (another value of the attribute,
+    after the real searches) and `variants` guesses (GUESS_TURN, no search, a value of the attribute drawn from all
+    of them, so right by chance only). A draw picks questions uniformly (`gen`), then for each, independently:
+    a guess with probability guess_frac, a wrong answer with wrong_frac, the right one otherwise (`seed`).
+    """
+    if not (0 <= wrong_frac and 0 <= guess_frac and wrong_frac + guess_frac <= 1):
+        raise ValueError(f"need wrong_frac, guess_frac >= 0 and wrong_frac + guess_frac <= 1; got {wrong_frac}, "
+                         f"{guess_frac}")
+    rng, values, hits = random.Random(seed), attribute_values(world), {}
+
+    def cached(queries, topk):  # the same query always finds the same passages
+        return [hits.setdefault((q, topk), search([q], topk)[0]) for q in queries]
+
+    pool = []
+    for row in tqdm(world["train"], desc="demonstrations", unit="q", leave=False):
+        values_of = values[row["metadata"]["attribute"]]
+        wrong = [v for v in values_of if v not in row["golden_answers"]]
+        demo = lambda answer=None, searches=True: demonstration(  # noqa: E731
+            row, tokenizer, cached, max_obs_tokens=max_obs_tokens, answer=answer, searches=searches)
+        pool.append({"right": [demo()], "wrong": [demo(v) for v in rng.sample(wrong, min(variants, len(wrong)))],
+                     "guess": [demo(v, False) for v in rng.choices(values_of, k=variants)]})
+
+    def draw(gen: torch.Generator, n: int) -> list[Episode]:
+        out = []
+        for i in torch.randint(len(pool), (n,), generator=gen).tolist():
+            u = rng.random()
+            out.append(rng.choice(pool[i]["guess" if u < guess_frac else "wrong" if u < guess_frac + wrong_frac
+                                          else "right"]))
+        return out
+
+    draw.pool = pool
+    return draw
 
 
 def sft_loss(model, episodes: list[Episode], pad_id: int) -> torch.Tensor:
@@ -190,10 +236,11 @@ def sft_loss(model, episodes: list[Episode], pad_id: int) -> torch.Tensor:
     return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def sft(model, demos: list[Episode], pad_id: int, steps: int, *, batch_size: int = 16, lr: float = 2e-3,
+def sft(model, demos, pad_id: int, steps: int, *, batch_size: int = 16, lr: float = 2e-3,
         seed: int = 0, progress: bool = True) -> list[float]:
     """AdamW on sft_loss over batches of `batch_size` demonstrations drawn at random (seeded); lr warms up linearly
-    over the first 5% of the steps, then decays by a cosine to 10%. Returns the loss of every step ([steps])."""
+    over the first 5% of the steps, then decays by a cosine to 10%. Returns the loss of every step ([steps]).
+    demos: a list of Episodes (drawn uniformly), or a draw(gen, n) function (redrawn_demonstrations)."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     warm = max(1, steps // 20)
@@ -202,8 +249,9 @@ def sft(model, demos: list[Episode], pad_id: int, steps: int, *, batch_size: int
     gen, losses = torch.Generator().manual_seed(seed), []
     bar = tqdm(range(steps), desc="warm start", unit="step", disable=not progress)
     for _ in bar:
-        idx = torch.randint(len(demos), (batch_size,), generator=gen).tolist()
-        loss = sft_loss(model, [demos[i] for i in idx], pad_id)
+        batch = demos(gen, batch_size) if callable(demos) else \
+            [demos[i] for i in torch.randint(len(demos), (batch_size,), generator=gen).tolist()]
+        loss = sft_loss(model, batch, pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -238,21 +286,30 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
 
 
 def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 1500, wrong_frac: float = 0.3,
-        max_obs_tokens: int = 120, eval_questions: int = 64, batch_size: int = 8, lr: float = 3e-3):
+        max_obs_tokens: int = 120, eval_questions: int = 64, batch_size: int = 8, lr: float = 3e-3,
+        redraw: bool = False, guess_frac: float = 0.0):
     """Tokenizer, model, demonstrations, supervised pass, save_pretrained to `out`, then the sampled EM of the saved
-    policy (loaded back with policy.load_policy, as train.py loads it) on train and test questions."""
+    policy (loaded back with policy.load_policy, as train.py loads it) on train and test questions. redraw: errors
+    redrawn at every draw (redrawn_demonstrations, with guess_frac), else one fixed demonstration per question."""
     t0 = time.time()
     random.seed(seed)
     torch.manual_seed(seed)
     tokenizer = build_tokenizer(tokenizer_texts(world))
     model = build_model(tokenizer, seed=seed)
-    demos = demonstrations(world, tokenizer, retriever.search, max_obs_tokens=max_obs_tokens, wrong_frac=wrong_frac,
-                           seed=seed)
-    turn_len = max(len(t) for d in demos for t in model_turns(d))
-    lengths = [len(d.prompt_ids) + len(d.response_ids) for d in demos]
+    if redraw:
+        demos = redrawn_demonstrations(world, tokenizer, retriever.search, max_obs_tokens=max_obs_tokens,
+                                       wrong_frac=wrong_frac, guess_frac=guess_frac, seed=seed)
+        every = [d for kinds in demos.pool for variants in kinds.values() for d in variants]
+        what = (f"{len(demos.pool)} questions x (right, wrong, guess) demonstrations, redrawn per draw: wrong "
+                f"{wrong_frac:g}, guess without searching {guess_frac:g}")
+    else:
+        demos = every = demonstrations(world, tokenizer, retriever.search, max_obs_tokens=max_obs_tokens,
+                                       wrong_frac=wrong_frac, seed=seed)
+        what = f"{len(demos)} demonstrations ({sum(d.reward == 0 for d in demos)} answer wrong)"
+    turn_len = max(len(t) for d in every for t in model_turns(d))
+    lengths = [len(d.prompt_ids) + len(d.response_ids) for d in every]
     print(f"tokenizer: {len(tokenizer)} ids | model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | "
-          f"{len(demos)} demonstrations ({sum(d.reward == 0 for d in demos)} answer wrong), {min(lengths)}-"
-          f"{max(lengths)} tokens, model turns <= {turn_len} tokens | {time.time() - t0:.1f}s")
+          f"{what}, {min(lengths)}-{max(lengths)} tokens, model turns <= {turn_len} tokens | {time.time() - t0:.1f}s")
     t1 = time.time()
     losses = sft(model, demos, tokenizer.pad_token_id, sft_steps, batch_size=batch_size, lr=lr, seed=seed)
     tenth = max(1, len(losses) // 10)

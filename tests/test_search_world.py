@@ -155,3 +155,32 @@ def test_tokenizer_is_the_same_in_every_process():
                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(o.returncode == 0 for o in out), out[0].stderr[-500:]
     assert out[0].stdout == out[1].stdout and len(out[0].stdout.strip()) == 64
+
+
+def test_redrawn_errors_are_a_habit_not_a_memorised_answer(world, tok, retriever):
+    draw = S.redrawn_demonstrations(world, tok, retriever.search, max_obs_tokens=120, wrong_frac=0.2,
+                                    guess_frac=0.3, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    eps = [e for _ in range(40) for e in draw(gen, 10)]  # 400 draws over 32 training questions
+    guesses = [e for e in eps if e.num_searches == 0]
+    wrong = [e for e in eps if e.num_searches and e.reward == 0]
+    assert 0.2 < len(guesses) / len(eps) < 0.4 and 0.12 < len(wrong) / len(eps) < 0.28
+    assert all(e.text.startswith("<think> I know the answer. </think>\n<answer> ") for e in guesses)
+    answers = {}
+    for e in eps:  # one question is answered right, wrong and by a guess at different draws, with several values
+        answers.setdefault(e.question, set()).add((e.num_searches > 0, e.reward, e.answer))
+    assert max(len(a) for a in answers.values()) >= 4
+    with pytest.raises(ValueError, match="wrong_frac \\+ guess_frac <= 1"):
+        S.redrawn_demonstrations(world, tok, retriever.search, max_obs_tokens=120, wrong_frac=0.6, guess_frac=0.5,
+                                 seed=0)
+
+
+def test_a_guess_replays_through_rollout(world, tok, retriever):
+    row = world["train"][0]
+    demo = S.demonstration(row, tok, retriever.search, max_obs_tokens=120, answer="Nowhere", searches=False)
+    (turn,) = S.model_turns(demo)
+    generate = lambda contexts: [turn]  # noqa: E731
+    generate.eos_ids = frozenset({tok.eos_token_id})
+    (ep,) = rollout(generate, tok, [row], retriever.search, group_size=1, max_turns=2, max_obs_tokens=120)
+    assert (ep.response_ids, ep.loss_mask, ep.answer_mask) == (demo.response_ids, demo.loss_mask, demo.answer_mask)
+    assert (ep.num_searches, ep.answer, ep.reward) == (0, "Nowhere", 0.0)
