@@ -50,6 +50,23 @@ def evaluate_on_test(model: Path, files: dict, out: Path) -> float:
     return sum(r["em"] for r in records) / len(records)
 
 
+def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
+    """Sampled test reward of `model`: `samples` trajectories per test question (temperature 1, top-p 0.95, as train.py
+    samples; warm_start.sampled_em, sampling seed 0), so it measures the policy RL trains, not its greedy mode.
+    Returns {"reward", "searches"} (mean EM and searches per trajectory), cached in `out`."""
+    if not out.is_file():
+        import warm_start
+        from policy import load_policy
+        from retriever import BM25Retriever, load_corpus
+
+        policy, tok, _ = load_policy(str(model), device="cpu")
+        rows = [json.loads(line) for line in files["test"].read_text(encoding="utf-8").splitlines()]
+        m = warm_start.sampled_em(policy, tok, rows, BM25Retriever(load_corpus(str(files["corpus"]))).search,
+                                  group_size=samples, max_turns=2, max_new_tokens=48, max_obs_tokens=120, seed=0)
+        atomic_write(out, json.dumps({"reward": m["em"], "searches": m["searches"], "samples": samples}))
+    return json.loads(out.read_text())
+
+
 def finished(run: Path, steps: int) -> bool:
     metrics = run / "metrics.jsonl"
     return metrics.is_file() and len(metrics.read_text().splitlines()) == steps and (run / "eval.json").is_file()
@@ -83,10 +100,13 @@ def main(argv=None):
     ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.2], help="--llds values")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="train.py --seed values")
     ap.add_argument("--steps", type=int, default=20, help="rollout steps per run")
+    ap.add_argument("--test-samples", type=int, default=0,
+                    help="also measure the sampled test reward, this many trajectories per test question (0: off)")
     args, extra = ap.parse_known_args(argv)
     train.parse_args(RL + extra)  # a bad train.py flag stops here, before the world is built, with train.py's line
-    if args.steps < 5 or any(lr <= 0 for lr in args.lrs) or any(lam < 0 for lam in args.lambdas):
-        ap.error("--steps must be >= 5, every --lrs > 0 and every --lambdas >= 0")
+    if (args.steps < 5 or any(lr <= 0 for lr in args.lrs) or any(lam < 0 for lam in args.lambdas)
+            or args.test_samples < 0):
+        ap.error("--steps must be >= 5, every --lrs > 0, every --lambdas >= 0 and --test-samples >= 0")
     world, out, t0 = Path(args.world), Path(args.out), time.time()
     files = world_files(world)
     if not (files["policy"] / "config.json").is_file():
@@ -94,7 +114,13 @@ def main(argv=None):
         search_world.main(["--out", str(world)])
     out.mkdir(parents=True, exist_ok=True)
     warm_em = evaluate_on_test(files["policy"], files, out / "warm_start_eval.json")
-    print(f"warm start: test EM {warm_em:.3f}")
+    def sampled(model, cache):  # the sampled test reward, with --test-samples
+        return sampled_on_test(model, files, cache, args.test_samples) if args.test_samples else {}
+
+    warm = sampled(files["policy"], out / "warm_start_sampled.json")
+    print(f"warm start: test EM {warm_em:.3f}" + (f", sampled test reward {warm['reward']:.3f}, searches/traj "
+                                                  f"{warm['searches']:.2f} ({args.test_samples} per question)"
+                                                  if warm else ""))
 
     rows = []
     for lr in args.lrs:
@@ -109,21 +135,28 @@ def main(argv=None):
                                                  "--seed", str(seed), "--out-dir", str(run), "--overwrite"]))
                 history = plot_run.read_metrics(run)
                 em = evaluate_on_test(run, files, run / "eval.json")
-                rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history)})
+                test = sampled(run, run / "sampled.json")
+                rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history),
+                             "test_reward": test.get("reward"), "test_searches": test.get("searches")})
 
     head = ("| lr | lambda | seed | start reward | final reward | collapse step | alarm step | lead | entropy (end) "
-            "| valid actions (end) | test EM | s/step |")
+            "| valid actions (end) | test EM |" + (" test reward (sampled) | test searches/traj |" if warm else "")
+            + " s/step |")
     lines = [f"warm start test EM: {warm_em:.3f} (greedy, all test questions)" +
+             (f"; sampled test reward {warm['reward']:.3f}, searches/traj {warm['searches']:.2f} ({args.test_samples}"
+              " per test question)" if warm else "") +
              (f"; train.py flags besides the protocol's: {' '.join(extra)}" if extra else ""),
-             "", head, "|" + "---|" * 12]
+             "", head, "|" + "---|" * (14 if warm else 12)]
     for r in rows:
         lines.append(f"| {r['lr']:g} | {r['llds']:g} | {r['seed']} | {fmt(r['start_reward'])} | "
                      f"{fmt(r['final_reward'])} | {fmt(r['collapse_step'], 'd')} | {fmt(r['alarm_step'], 'd')} | "
                      f"{fmt(r['lead'], 'd')} | {fmt(r['entropy_end'])} | {fmt(r['valid_actions_end'])} | "
-                     f"{r['test_em']:.3f} | {r['s_per_step']:.1f} |")
+                     f"{r['test_em']:.3f} | " + (f"{r['test_reward']:.3f} | {r['test_searches']:.2f} | "
+                                                 if warm else "") + f"{r['s_per_step']:.1f} |")
     print("\n" + "\n".join(lines))
     atomic_write(out / "grid.md", "\n".join(lines) + "\n")
-    atomic_write(out / "grid.json", json.dumps({"warm_start_test_em": warm_em, "train_flags": extra, "runs": rows},
+    atomic_write(out / "grid.json", json.dumps({"warm_start_test_em": warm_em, "warm_start_sampled": warm,
+                                                  "train_flags": extra, "runs": rows},
                                                  indent=1))
     first = [r for r in rows if r["lr"] == args.lrs[0]]
     figure = plot_run.plot_runs([r["run"] for r in first], out / "spiral.png",
