@@ -7,8 +7,8 @@ temperature on the logits (P17), the same ids the sampler could emit (P16), the 
 prompts, dropout off (P18). This file loads the model (load_policy, load_reference), batches trajectories (collate)
 and computes those log-probs: response_logp is the memory-lean version train.py uses (only the response positions'
 logits, chunked log-softmax, recomputed in backward), response_logp_plain the obvious one it must agree with
-(tests/test_policy.py). The memory plan (memory_plan) is here too: the static memory a run holds and the rows per
-generate call --gen-batch-size auto takes, from the model's config (docs/scaling.md#the-memory-plan).
+(tests/test_policy.py). The memory plan (memory_plan) is here too, from the model's config: the static memory, the
+rows per generate call, the update's micro-batch size and checkpointing (docs/scaling.md#the-memory-plan).
 
 Loading: transformers loads what it is given with little checking: a folder without tokenizer files gives an empty
 tokenizer (generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in
