@@ -86,11 +86,11 @@ class Args:
     weight_decay: float = 0.01  # AdamW weight decay (veRL default)
     grad_clip: float = 1.0  # global grad-norm clip
     mini_batch_size: int = 256  # trajectories per optimizer step (paper: 256: 10 updates per rollout step)
-    micro_batch_size: int = None  # trajectories per forward/backward (P14: same gradient); unset: the plan's 8-1
+    micro_batch_size: int = None  # trajectories per forward/backward (P14); unset: the memory plan picks 8, 4, 2 or 1
     max_bad_steps: int = 5  # stop after this many consecutive non-finite (skipped) optimizer steps
     # --- memory and ranks
     fsdp: bool = False  # shard the policy and reference over the torchrun ranks (fsdp.py)
-    grad_ckpt: bool = None  # recompute each layer in backward (less memory, ~1.3x compute); unset: if it must
+    grad_ckpt: bool = None  # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
     ref_dtype: str = "bfloat16"  # reference weights: bfloat16 (as veRL; only the KL term sees it) | float32
     ref_offload: bool = False  # reference on disk (OUT_DIR/.ref), loaded for its pass only
     # --- logging and checkpoints
