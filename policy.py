@@ -7,8 +7,8 @@ temperature on the logits (P17), the same ids the sampler could emit (P16), the 
 prompts, dropout off (P18). This file loads the model (load_policy, load_reference), batches trajectories (collate)
 and computes those log-probs: response_logp is the memory-lean version train.py uses (only the response positions'
 logits, chunked log-softmax, recomputed in backward), response_logp_plain the obvious one it must agree with
-(tests/test_policy.py). The memory plan (memory_plan) is here too: the static memory a run holds and the rows per
-generate call --gen-batch-size auto takes, from the model's config (docs/scaling.md#the-memory-plan).
+(tests/test_policy.py). The memory plan (memory_plan) is here too, from the model's config: the static memory, the
+rows per generate call, the update's micro-batch size and checkpointing (docs/scaling.md#the-memory-plan).
 
 Loading: transformers loads what it is given with little checking: a folder without tokenizer files gives an empty
 tokenizer (generation then fails at step 1 with an IndexError), a truncated model.safetensors fails deep in
@@ -397,15 +397,98 @@ def gen_batch_size_auto(free_bytes: float, row: int, reserve_frac: float = 0.1, 
     return min(rows, cap) if cap else rows
 
 
+def layer_activation_bytes(config, bf16_autocast: bool, dtype_bytes: int = 4) -> int:
+    """Bytes per token that one decoder layer saves for its backward in the update, measured tensor by tensor with
+    torch.autograd.graph.saved_tensors_hooks on transformers 5's Qwen2 under torch 2.13 (benchmarks/memory_plan.py
+    prints the check). With h = hidden_size, i = intermediate_size, n = num_attention_heads:
+    bf16 autocast over fp32 weights (the one-GPU path): 36h + 8i + 4n + 8 = two RMSNorms x (fp32 input and output
+    8h + rsqrt 4), the bf16 casts of the normed input for q, k, v and for gate, up (5 x 2h), sdpa's q, k, v (k, v
+    repeated to all n heads) and output (4 x 2h) with its fp32 logsumexp (4n), o_proj's input (2h), gate, up,
+    silu(gate) and their product (4 x 2i); the layer's bf16 weight copies come on top (update_activation_bytes).
+    No autocast, weights and compute in dtype_bytes: (44h + 16i) x dtype_bytes / 4 + 4n + 8: the fp32 pattern
+    (measured: no casts, 4-byte tensors, 8h more of rotary temporaries), scaled to the dtype (FSDP's bf16 compute:
+    an assumption, not measured).
+    Qwen2.5-3B under autocast: 36 x 2048 + 8 x 11008 + 4 x 16 + 8 = 161,864 bytes per token per layer."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    if bf16_autocast:
+        return 36 * h + 8 * i + 4 * n + 8
+    return (44 * h + 16 * i) * dtype_bytes // 4 + 4 * n + 8
+
+
+def update_activation_bytes(model, micro: int, tokens: int, response_tokens: int, *, grad_ckpt: bool,
+                            bf16_autocast: bool, compute_bytes: int = 4, split: bool = False):
+    """Peak bytes one update micro-batch adds to the static memory (train.update: forward, loss, backward), for
+    `micro` rows padded to `tokens` (prompt + response) of which `response_tokens` get logits. bf16_autocast: bf16
+    autocast over fp32 weights (one GPU), else compute_bytes per element (2: FSDP's bf16; 4: fp32). With L layers,
+    a = layer_activation_bytes, w = one layer's parameters, c = compute bytes (2 under autocast), n = micro x tokens,
+    the bytes saved for backward are
+    - layers: no --grad-ckpt: n x L x a, plus under autocast the bf16 copies of every layer's weights that each Linear
+      saves (2 x L x w); --grad-ckpt: each layer keeps its fp32 input (n x L x 4h) and one layer at a time is
+      recomputed in backward (n x a, + 2w);
+    - logits: response_logp keeps the [micro, response_tokens, V] logits (c bytes each) for its chunked log-softmax
+      (not a whole fp32 [micro, T, V]: 64 positions at a time, recomputed in backward), and under autocast the head's
+      bf16 weight copy (2Vh);
+    - the shared attention inputs: sdpa's [micro, 1, tokens, tokens] mask (c bytes), rotary cos, sin (8 x head_dim
+      per token).
+    On top of them, the larger of two backward moments (from the measured peaks, benchmarks/memory_plan.py
+    --measure): the logits' gradient twice (the 64-position chunks' gradients and their concatenation), or, once the
+    logits are freed, the head's weight gradient in c bytes and its fp32 copy under autocast ((c + 4) x V x h; the
+    .grad it is added to is in the static memory). Qwen2.5-3B, 4 rows of 3756 tokens (3500 of them response),
+    --grad-ckpt, autocast: 20.5 GB, of which the logits and their gradient 12.8 GB. An estimate of the worst case
+    (every row at the longest context); real micro-batches are cut to their longest row (response_logp). Returns
+    the bytes (int), or with split=True (saved for backward, the backward moment on top)."""
+    cfg, L = model.config, model.config.num_hidden_layers
+    h, V = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
+    head_dim = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    c = 2 if bf16_autocast else compute_bytes
+    a, w = layer_activation_bytes(cfg, bf16_autocast, c), sum(p.numel() for p in model.model.layers[0].parameters())
+    copies = 2 * w if bf16_autocast else 0  # bytes of one layer's bf16 weight copies
+    n = micro * tokens
+    layers = n * (L * 4 * h + a) + copies if grad_ckpt else n * L * a + L * copies
+    logits = micro * response_tokens * V * c
+    saved = layers + logits + (2 * V * h if bf16_autocast else 0) + micro * tokens * tokens * c + 8 * head_dim * n
+    moment = max(2 * logits, (c + (4 if bf16_autocast else 0)) * V * h - logits)
+    return (saved, moment) if split else saved + moment
+
+
+def update_plan(model, left_bytes: float, micro_batch_size: int | None, grad_ckpt: bool | None, *, tokens: int,
+                response_tokens: int, bf16_autocast: bool, compute_bytes: int = 4,
+                reserve_frac: float = 0.1) -> tuple[int, bool, int]:
+    """(micro-batch size, gradient checkpointing, its bytes: update_activation_bytes) for the update, with left_bytes
+    free beside the update's static memory. A flag the user set (micro_batch_size a count, grad_ckpt True or False)
+    is kept; an unset one (None) is chosen, by the first that fits in (1 - reserve_frac) x left_bytes of: without
+    gradient checkpointing micro-batches of 8, 4, 2, 1, then with it the same. Smaller micro-batches do not change
+    the gradient (P14) and cost little at thousands of tokens per row, checkpointing ~1/3 more update compute: so
+    fewer rows first. Raises ValueError, one line with the figures and the flags to change, when none fits."""
+    micros = [micro_batch_size] if micro_batch_size else [8, 4, 2, 1]
+    ckpts = [grad_ckpt] if grad_ckpt is not None else [False, True]
+    tried = [(m, ck, update_activation_bytes(model, m, tokens, response_tokens, grad_ckpt=ck,
+                                             bf16_autocast=bf16_autocast, compute_bytes=compute_bytes))
+             for ck in ckpts for m in micros]
+    for m, ck, need in tried:
+        if need <= (1 - reserve_frac) * left_bytes:
+            return m, ck, need
+    m, ck, need = tried[-1]  # the smallest of them
+    size = lambda b: f"{b / GiB:.1f} GiB" if b >= GiB / 10 else f"{b / 2**20:.1f} MiB"  # noqa: E731
+    raise ValueError(f"the update does not fit: {m} row(s) per micro-batch x {tokens} tokens"
+                     f"{' with' if ck else ' without'} --grad-ckpt need {size(need)} of activations and "
+                     f"logits, but {size(max(left_bytes, 0))} is left beside the static memory; use "
+                     f"{'--micro-batch-size 1, ' if m > 1 else ''}{'' if ck else '--grad-ckpt, '}--ref-offload, --fsdp "
+                     "or lower --max-new-tokens, --max-turns or --max-obs-tokens")
+
+
 def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows: int, turns: tuple[int, int, int],
-                bf16: bool, ref=None, world: int = 1) -> tuple[int, str]:
-    """(rows per generate call, the plan as printable lines) for `model` (loaded, or built on the meta device: only
-    its config, parameter count and dtype are read) on a rank with free_bytes (free_memory). gen_batch_size: "auto"
-    (gen_batch_size_auto) or a count, kept as given. rows: the contexts a turn generates for on this rank (the cap);
-    turns: (max_turns, max_new_tokens, max_obs_tokens); bf16: the passes compute in bf16 (autocast or FSDP on GPU;
-    then the KV cache is bf16 and the rollout holds a bf16 copy of fp32 weights); ref: the reference model kept in
-    memory (its dtype is read), or None (no KL term, or --ref-offload). Raises ValueError (gen_batch_size_auto) when
-    auto finds no room; a count that does not fit is reported in the plan, not raised (the figure is an estimate)."""
+                bf16: bool, ref=None, world: int = 1, update: tuple[int | None, bool | None] = (None, None)):
+    """(rows per generate call, micro-batch size, gradient checkpointing, the plan as printable lines) for `model`
+    (loaded, or built on the meta device: only its config, parameter count and dtype are read) on a rank with
+    free_bytes (free_memory). gen_batch_size: "auto" (gen_batch_size_auto) or a count, kept as given. rows: the
+    contexts a turn generates for on this rank (the cap); turns: (max_turns, max_new_tokens, max_obs_tokens); bf16:
+    the passes compute in bf16 (autocast or FSDP on GPU; then the KV cache is bf16 and the rollout holds a bf16 copy
+    of fp32 weights); ref: the reference model kept in memory (its dtype is read), or None (no KL term, or
+    --ref-offload). update: (--micro-batch-size, --grad-ckpt) as given, None where unset: update_plan chooses those,
+    for micro-batches of the longest context (context_tokens; its response part gets logits) beside the static memory
+    less the rollout's weight copy. Raises ValueError (gen_batch_size_auto, update_plan) when no choice fits; a
+    --gen-batch-size count that does not fit is reported in the plan, not raised (the figure is an estimate)."""
     n_params, weights_bytes = sum(p.numel() for p in model.parameters()), next(model.parameters()).element_size()
     compute_bytes = 2 if bf16 else weights_bytes
     ref_bytes = next(ref.parameters()).element_size() if ref is not None else 0
@@ -419,10 +502,19 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     fits = "fits" if need <= 0.9 * left else "does NOT fit: " + (
         "lower --gen-batch-size (or auto)" if left > 0 else "the static memory alone is too much (--fsdp, "
         "--ref-offload, --kl-coef 0)")
+    autocast_on = bf16 and weights_bytes != 2 and world == 1  # one GPU: bf16 autocast over fp32 weights
+    left_update = left + static["rollout weights"] * GiB  # the rollout's weight copy is gone by the update
+    micro, ckpt, act = update_plan(model, left_update, *update, tokens=context, response_tokens=context - PROMPT_TOKENS,
+                                   bf16_autocast=autocast_on, compute_bytes=compute_bytes)
+    chosen = lambda given: "as given" if given is not None else "chosen by the plan"  # noqa: E731
     parts = ", ".join(f"{k} {v:.1f}" for k, v in static.items() if v)
-    return n, (f"memory plan per rank: {n_params / 1e6:,.0f}M params, static {sum(static.values()):.1f} GiB ({parts})\n"
-               f"  + generate: {n} rows per call x {context} tokens x (KV {kv:,} + prefill {row // context - kv:,} "
-               f"bytes/token) = {need / GiB:.1f} GiB | {free_bytes / GiB:.1f} GiB usable: {fits}")
+    return n, micro, ckpt, (
+        f"memory plan per rank: {n_params / 1e6:,.0f}M params, static {sum(static.values()):.1f} GiB ({parts})\n"
+        f"  + generate: {n} rows per call x {context} tokens x (KV {kv:,} + prefill {row // context - kv:,} "
+        f"bytes/token) = {need / GiB:.1f} GiB | {free_bytes / GiB:.1f} GiB usable: {fits}\n"
+        f"  + update: --micro-batch-size {micro} ({chosen(update[0])}), --grad-ckpt {'on' if ckpt else 'off'} "
+        f"({chosen(update[1])}): {micro} x {context} tokens of activations and logits = {act / GiB:.1f} GiB | "
+        f"{left_update / GiB:.1f} GiB left beside the static memory: fits")
 
 
 if __name__ == "__main__":

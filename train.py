@@ -64,7 +64,7 @@ class Args:
     topk: int = 3  # passages per search
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
-    gen_batch_size: str = "64"  # rows per generate call, or auto: as many as the free memory holds (policy.py)
+    gen_batch_size: str = "auto"  # rows per generate call: a count, or auto: as many as the free memory holds
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
@@ -86,11 +86,11 @@ class Args:
     weight_decay: float = 0.01  # AdamW weight decay (veRL default)
     grad_clip: float = 1.0  # global grad-norm clip
     mini_batch_size: int = 256  # trajectories per optimizer step (paper: 256: 10 updates per rollout step)
-    micro_batch_size: int = 8  # trajectories per forward/backward (does not change the gradient, P14)
+    micro_batch_size: int = None  # trajectories per forward/backward (P14); unset: the memory plan picks 8, 4, 2 or 1
     max_bad_steps: int = 5  # stop after this many consecutive non-finite (skipped) optimizer steps
     # --- memory and ranks
     fsdp: bool = False  # shard the policy and reference over the torchrun ranks (fsdp.py)
-    grad_ckpt: bool = False  # recompute each layer's activations in backward (less memory, ~1.3x compute)
+    grad_ckpt: bool = None  # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
     ref_dtype: str = "bfloat16"  # reference weights: bfloat16 (as veRL; only the KL term sees it) | float32
     ref_offload: bool = False  # reference on disk (OUT_DIR/.ref), loaded for its pass only
     # --- logging and checkpoints
@@ -109,7 +109,7 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
                      "llds_ma_weight"), (lambda v: v >= 0, ">= 0")),
     **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk",
                      "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
-                     "keep_checkpoints", "alarm_k"), (lambda v: v >= 1, ">= 1")),
+                     "keep_checkpoints", "alarm_k"), (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
@@ -257,9 +257,10 @@ def load_run(args: Args, rank: int, world: int, device: str):
         kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
         ref_model = lambda: kept if kept is not None else reference(Path(args.out_dir) / ".ref")  # noqa: E731
         bf16 = (args.fsdp and "cuda" in device) or isinstance(autocast(args.amp, device, args.dtype)(), torch.autocast)
-        gen_rows, plan = memory_plan(model, free_memory(device), args.gen_batch_size, bf16=bf16, ref=kept, world=world,
-                                     rows=-(-args.prompts_per_step // world) * args.group_size,
-                                     turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
+        gen_rows, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # every rank plans for the least free
+            model, -all_reduce([-free_memory(device)], "max")[0], args.gen_batch_size, bf16=bf16, ref=kept, world=world,
+            rows=-(-args.prompts_per_step // world) * args.group_size, update=(args.micro_batch_size, args.grad_ckpt),
+            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
@@ -270,8 +271,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
     return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None, gen_rows
 
 
-def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr,
-                 args: Args) -> dict:
+def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr, args: Args):
     """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
     paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
     mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)

@@ -1,5 +1,6 @@
-"""The memory plan (policy.py): KV bytes per token, the static memory and --gen-batch-size auto, checked against hand
-arithmetic with fake free-memory figures; the flag's parsing (train.py)."""
+"""The memory plan (policy.py): KV bytes per token, the static memory, --gen-batch-size auto and the update's
+activations with --micro-batch-size and --grad-ckpt chosen when unset, checked against hand arithmetic with fake
+free-memory figures for the three model sizes on the meta device; the flags' parsing (train.py)."""
 
 import sys
 from pathlib import Path
@@ -10,9 +11,11 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from policy import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
-from policy import row_bytes, static_memory  # noqa: E402
+from policy import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
+from memory_plan import meta_model  # noqa: E402
 from train import parse_args  # noqa: E402
 
 QWEN_3B = dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
@@ -72,12 +75,12 @@ def test_memory_plan_for_3b_on_an_80_gb_card():
     assert sum(p.numel() for p in model.parameters()) == 3_085_938_688  # 3.09B, as published
     # static: n x (4 + 4 + 8 + 2 ref + 2 rollout bf16 copy) = 20 x 3,085,938,688 = 61,718,773,760 bytes;
     # left for generating: 80e9 - that = 18,281,226,240; x 0.9 / 400,645,008 bytes per row = 41.07 -> 41
-    n, plan = memory_plan(model, 80e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)
+    n, _, _, plan = memory_plan(model, 80e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)
     assert n == 41
     assert "3,086M params, static 57.5 GiB" in plan
     assert "41 rows per call x 3756 tokens x (KV 36,864 + prefill 69,804 bytes/token)" in plan
-    assert plan.endswith("fits")
-    n, plan = memory_plan(model, 80e9, "512", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)  # kept as given
+    assert plan.splitlines()[1].endswith("fits")
+    n, _, _, plan = memory_plan(model, 80e9, "512", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)  # as given
     assert n == 512 and "does NOT fit: lower --gen-batch-size" in plan
     with pytest.raises(ValueError, match="--gen-batch-size auto: one generate row needs"):
         memory_plan(model, 50e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)  # static > 50 GB
@@ -97,5 +100,81 @@ def test_gen_batch_size_must_be_a_count_or_auto(capsys, value):
 
 
 def test_gen_batch_size_default_and_auto_parse():
-    assert parse_args([]).gen_batch_size == "64" and parse_args(["--gen-batch-size", "8"]).gen_batch_size == "8"
+    assert parse_args([]).gen_batch_size == "auto" and parse_args(["--gen-batch-size", "8"]).gen_batch_size == "8"
     assert parse_args(["--gen-batch-size", "auto"]).gen_batch_size == "auto"
+
+
+# The update: activations per micro-batch, and --micro-batch-size / --grad-ckpt chosen where unset
+
+
+def test_layer_activation_bytes_by_hand():
+    # bf16 autocast: 36h + 8i + 4 heads + 8; fp32: 44h + 16i + 4 heads + 8
+    assert layer_activation_bytes(Qwen2Config(**QWEN_3B), True) == 36 * 2048 + 8 * 11008 + 4 * 16 + 8 == 161_864
+    assert layer_activation_bytes(Qwen2Config(**TINY), False) == 44 * 64 + 16 * 128 + 4 * 4 + 8 == 4_888
+    assert layer_activation_bytes(Qwen2Config(**TINY), False, 2) == (44 * 64 + 16 * 128) // 2 + 24  # bf16 weights
+
+
+def test_update_activation_bytes_of_3b_by_hand():
+    model = meta_model("Qwen2.5-3B")
+    h, V, L, w = 2048, 151936, 36, 77_076_992  # w: one decoder layer's parameters
+    n, resp = 4 * 3756, 4 * 3500  # tokens, response tokens of 4 rows
+    logits = resp * V * 2  # bf16
+    shared = 4 * 3756 * 3756 * 2 + 8 * 128 * n  # the mask, rotary cos and sin
+    moment = max(2 * logits, 6 * V * h - logits)  # the logits' gradient twice > the head's bf16 + fp32 gradient
+    ckpt = n * (L * 4 * h + 161_864) + 2 * w + logits + 2 * V * h + shared
+    assert update_activation_bytes(model, 4, 3756, 3500, grad_ckpt=True, bf16_autocast=True, split=True) == (
+        ckpt, moment)
+    full = n * L * 161_864 + L * 2 * w + logits + 2 * V * h + shared
+    assert update_activation_bytes(model, 4, 3756, 3500, grad_ckpt=False, bf16_autocast=True) == full + moment
+    assert round((full + moment) / GiB, 1) == 99.3 and round((ckpt + moment) / GiB, 1) == 19.1  # no/--grad-ckpt
+
+
+@pytest.mark.parametrize("name, card, want", [
+    ("Qwen2.5-0.5B", 80e9, (371, 4, False)), ("Qwen2.5-0.5B", 141e9, (694, 8, False)),
+    ("Qwen2.5-3B", 80e9, (41, 4, True)), ("Qwen2.5-3B", 141e9, (178, 2, False)),
+])
+def test_the_plan_chooses_the_update_for_the_main_command(name, card, want):
+    """`python train.py --model Qwen/Qwen2.5-3B --llds 0.1` (and 0.5B) as typed: micro-batch size and checkpointing
+    unset, chosen in the order 8, 4, 2, 1 without --grad-ckpt, then with it. 3B on 80 GB: the update has 80e9 - 18 x
+    3,085,938,688 (policy, gradients, AdamW, bf16 reference) = 24.45e9 bytes; x 0.9 = 22.0e9; without checkpointing
+    even 1 row needs 31.3e9, with it 8 rows 40.3e9, 4 rows 20.5e9: 4 rows with --grad-ckpt."""
+    model, ref = meta_model(name), meta_model(name, torch.bfloat16)
+    n, micro, ckpt, plan = memory_plan(model, card, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)
+    assert (n, micro, ckpt) == want
+    on = "on" if ckpt else "off"
+    assert f"+ update: --micro-batch-size {micro} (chosen by the plan), --grad-ckpt {on} (chosen by the plan)" in plan
+
+
+def test_the_flags_a_user_sets_are_kept_or_the_plan_stops_naming_them():
+    model, ref = meta_model("Qwen2.5-3B"), meta_model("Qwen2.5-3B", torch.bfloat16)
+    kw = dict(rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)
+    _, micro, ckpt, plan = memory_plan(model, 80e9, "auto", update=(2, None), **kw)  # a micro-batch size given
+    assert (micro, ckpt) == (2, True) and "--micro-batch-size 2 (as given), --grad-ckpt on (chosen by the plan)" in plan
+    _, micro, ckpt, _ = memory_plan(model, 80e9, "auto", update=(None, True), **kw)
+    assert (micro, ckpt) == (4, True)
+    with pytest.raises(ValueError) as err:  # --no-grad-ckpt: not even 1 row fits on 80 GB
+        memory_plan(model, 80e9, "auto", update=(None, False), **kw)
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("the update does not fit: 1 row(s) per micro-batch x 3756 "
+                                                         "tokens without --grad-ckpt need 29.1 GiB"), msg
+    for flag in ("--grad-ckpt", "--ref-offload", "--fsdp", "--max-new-tokens"):
+        assert flag in msg, flag
+    with pytest.raises(ValueError, match="use --micro-batch-size 1, --ref-offload"):  # 8 rows with checkpointing
+        update_plan(model, 22.8 * GiB, 8, True, tokens=3756, response_tokens=3500, bf16_autocast=True)
+
+
+def test_7b_fits_one_h200_only_without_the_reference():
+    """7B on one card: the static memory (20 bytes per parameter) alone is more than 141 GB; with --kl-coef 0 (or
+    --ref-offload) 5 rows per generate call and 2-row micro-batches with --grad-ckpt fit."""
+    model = meta_model("Qwen2.5-7B")
+    with pytest.raises(ValueError, match="--gen-batch-size auto"):
+        memory_plan(model, 141e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=meta_model(
+            "Qwen2.5-7B", torch.bfloat16))
+    assert memory_plan(model, 141e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True)[:3] == (5, 2, True)
+
+
+def test_grad_ckpt_and_micro_batch_size_unset_by_default():
+    args = parse_args([])
+    assert args.micro_batch_size is None and args.grad_ckpt is None
+    args = parse_args(["--micro-batch-size", "2", "--no-grad-ckpt"])
+    assert args.micro_batch_size == 2 and args.grad_ckpt is False

@@ -564,18 +564,48 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     monkeypatch.setattr(train, "hf_generator", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
     # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
-    # tokens: 979,200 bytes per row (policy.row_bytes). The static memory plus 3 rows free: floor(0.9 x 3) = 2 rows
-    # per generate call (a turn has 2 x 4 = 8)
+    # tokens: 979,200 bytes per row (policy.row_bytes). Free: the static memory plus just enough for the update's 1-row
+    # micro-batches with --grad-ckpt (policy.update_activation_bytes); the generate calls get 0.9 x that / 979,200
     model = load_policy(files["model"], "float32", "cpu")[0]
     n = sum(p.numel() for p in model.parameters())
     static = n * (4 + 4 + 8 + 4)  # fp32 policy, gradients, AdamW m and v, reference (--ref-dtype float32)
-    monkeypatch.setattr(train, "free_memory", lambda device: static + 3 * 979_200)
+    left = policy.update_activation_bytes(model, 1, 400, 400 - 256, grad_ckpt=True, bf16_autocast=False) / 0.9 + 1e3
+    rows = int(0.9 * left // 979_200)
+    assert 1 < rows < 8  # a turn has 2 x 4 rows: the memory, not the cap, decides
+    monkeypatch.setattr(train, "free_memory", lambda device: static + left)
     train_in_process(files, files["dir"] / "auto", "--steps", "1", "--gen-batch-size", "auto", "--ref-dtype", "float32",
-                     "--device", "cpu")  # the figures above are the CPU's (on a GPU, --amp auto is bf16)
+                     "--device", "cpu", "--micro-batch-size", "1", "--grad-ckpt")  # CPU figures (GPU: bf16)
     out = capsys.readouterr().out
-    assert "memory plan per rank:" in out and "2 rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
-    assert sizes == [2] and "step 1 |" in out
+    assert "memory plan per rank:" in out and f"{rows} rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
+    assert "+ update: --micro-batch-size 1 (as given), --grad-ckpt on (as given): 1 x 400 tokens" in out
+    assert sizes == [rows] and "step 1 |" in out
     monkeypatch.setattr(train, "free_memory", lambda device: 2**20)  # 1 MiB: not even the static memory
     with pytest.raises(SystemExit, match="error: --gen-batch-size auto: one generate row needs .* lower "
                                          "--max-new-tokens, --max-turns or --max-obs-tokens"):
         train_in_process(files, files["dir"] / "auto_small", "--steps", "1", "--gen-batch-size", "auto")
+
+
+def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_the_flags(files, monkeypatch, capsys):
+    """--grad-ckpt unset: on when the update fits only with it (the decoder layers are really wrapped); a micro-batch
+    size and --no-grad-ckpt given that do not fit stop before step 1 with one line naming the flags."""
+    import train
+
+    wrapped = []
+    monkeypatch.setattr(train, "enable_grad_ckpt", lambda m: wrapped.append(m) or policy.enable_grad_ckpt(m))
+    model = load_policy(files["model"], "float32", "cpu")[0]
+    static = sum(p.numel() for p in model.parameters()) * (4 + 4 + 8 + 4)
+    need = {ck: policy.update_activation_bytes(model, 2, 400, 144, grad_ckpt=ck, bf16_autocast=False) for ck in (0, 1)}
+    assert need[1] < need[0]
+    monkeypatch.setattr(train, "free_memory", lambda device: static + need[1] / 0.9 + 1e3)  # room with checkpointing
+    metrics = train_in_process(files, files["dir"] / "ckpt_auto", "--steps", "1", "--ref-dtype", "float32",
+                               "--device", "cpu")
+    out = capsys.readouterr().out
+    assert "--micro-batch-size 2 (as given), --grad-ckpt on (chosen by the plan)" in out, out
+    assert len(wrapped) == 1 and metrics[0]["step"] == 1
+    with pytest.raises(SystemExit) as stop:
+        train_in_process(files, files["dir"] / "ckpt_off", "--steps", "1", "--ref-dtype", "float32", "--device", "cpu",
+                         "--no-grad-ckpt")
+    msg = str(stop.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("error: the update does not fit: 2 row(s) per micro-batch x "
+                                                         "400 tokens without --grad-ckpt need"), msg
+    assert "use --micro-batch-size 1, --grad-ckpt, --ref-offload, --fsdp" in msg and "step 1 |" not in capsys.readouterr().out
