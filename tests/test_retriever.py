@@ -1166,3 +1166,45 @@ def test_bm25_flag_in_every_entry_point(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+# --- sub-linear top-k: the query's posting lists alone give the dense path's hits, bit for bit ------------------------
+
+
+@pytest.mark.parametrize("variant", BM25_VARIANTS)
+def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant):
+    """SparseBM25.top == top_k(get_scores) with the same float scores, on both of its paths: short posting lists
+    (names, rare words: the sub-linear path) and long ones (n > D / 8: the dense path), with repeated and unknown
+    words and exact ties (every passage twice)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import search_world
+
+    rows = search_world.make_world(seed=1, people=120, towns=12)["corpus"]
+    corpus = rows + [{"id": f"dup{r['id']}", "contents": r["contents"]} for r in rows] + TOY  # ties everywhere
+    retriever = BM25Retriever(corpus, bm25=variant, engine="sparse")
+    index, rng = retriever.bm25, np.random.default_rng(0)
+    words = sorted(index.vocab)
+    queries = [[str(w) for w in rng.choice(words, size=rng.integers(1, 6))] for _ in range(300)]
+    queries += [q + q[:1] + ["zzzunknown"] for q in queries[:50]] + [["zzzunknown"], retriever.analyze("born town")]
+    paths = Counter()
+    for q in queries:
+        n = sum(int(index.indptr[index.vocab[w] + 1] - index.indptr[index.vocab[w]]) for w in q if w in index.vocab)
+        paths["dense" if n * 8 > index.num_docs else "postings"] += 1
+        scores = index.get_scores(q)
+        for k in (1, 3, 10):
+            order, top = index.top(q, k)
+            assert order.tolist() == top_k(scores, k).tolist() and np.array_equal(top, scores[order]), (q, k)
+    assert paths["dense"] >= 5 and paths["postings"] >= 200, paths  # both paths were checked
+    hits = retriever.search(["Lyon"], topk=5)[0]
+    assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]
+
+
+def test_scale_benchmark_runs_and_finds_the_same_hits():
+    """benchmarks/bench_retrieval_scale.py on a tiny synthetic index (seconds), so it does not rot: every query set's
+    row says the posting-list top-k returned the dense top-k's passages and scores."""
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_retrieval_scale.py"), "--sizes", "2000",
+                        "--queries", "5", "--bm25s-max", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip().startswith("2,000")]
+    assert [row[1] for row in rows] == ["question", "rare", "common"] and all(row[-1] == "True" for row in rows), \
+        r.stdout
