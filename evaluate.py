@@ -32,9 +32,10 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import atomic_write
+from engine import GENERATORS
 from policy import load_policy
 from retriever import BM25_VARIANTS, make_retriever, passage_title
-from rollout import check_obs_budget, em_check, hf_generator, load_questions, normalize_answer, rollout
+from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
@@ -309,8 +310,8 @@ def compare_lines(table: dict, which: str = "") -> list[str]:
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
     """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
     written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
-    generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, do_sample=False,
-                            batch_size=args.batch_size)
+    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                          batch_size=args.batch_size)
     for i in range(0, len(rows), args.batch_size):
         batch = rows[i:i + args.batch_size]
         with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
@@ -355,6 +356,8 @@ def main(argv=None):
     ap.add_argument("--max-obs-tokens", type=int, default=500, help="tokens per <information> block")
     ap.add_argument("--topk", type=int, default=3, help="passages per search")
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
+    ap.add_argument("--generator", default="hf", choices=tuple(GENERATORS), help="decoding: hf (re-prefill every turn) | "
+                    "hf-kv (KV caches kept across turns; engine.py); greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json (or ./eval.json for a hub id)")

@@ -385,7 +385,7 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
             out += ids[:, width:].tolist()  # [n, new]
         return out
 
-    generate.eos_ids = frozenset(eos_ids)
+    generate.eos_ids, generate.gen_cfg = frozenset(eos_ids), gen_cfg  # gen_cfg: engine.kv_generator's too
     return generate
 
 
@@ -408,7 +408,8 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
 
     generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) -> [N] lists of new
     ids, the turn up to its first EOS or stop string, possibly followed by more (padding, overshoot: `cut_turn` drops
-    it), with an `eos_ids` attribute (the ids that end a turn): `hf_generator(model, tokenizer, ...)`, or any function.
+    it), with an `eos_ids` attribute (the ids that end a turn) and an optional `reset()`, called when the rollout ends:
+    `hf_generator(model, tokenizer, ...)`, engine.kv_generator, or any function.
     search: a callable (queries: list[str], topk: int) -> one list of hits per query, as retriever.BM25Retriever.search
     and RemoteRetriever.search give them ([{"document": {"id", "contents"}, "score"}, ...]); the model sees
     retriever.format_passages of them, the Episode keeps them (Episode.retrieved).
@@ -460,6 +461,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
                 e.num_searches += 1
                 e.retrieved.append(h)  # evaluate.py reads the passage titles from it (retrieval recall)
 
+    getattr(generate, "reset", lambda: None)()  # an engine that keeps state (engine.kv_generator) frees it here
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)
         e.reward = em_check(e.answer, e.golden_answers)

@@ -8,8 +8,7 @@ policy is no longer the one that sampled, which is where LLDS acts (with one upd
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16       # one smaller GPU
     torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp --grad-ckpt  # 8 GPUs
 
---out-dir gets metrics.jsonl (a JSON object per step), rollouts_step{N}.jsonl and checkpoints/ (rerun with --resume
-<out-dir> to continue exactly). `python train.py --help` lists every option by section.
+--out-dir gets metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ (--resume <out-dir> continues it); see --help.
 """
 
 import argparse
@@ -31,6 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import checkpoint
+from engine import GENERATORS
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
@@ -38,8 +38,8 @@ from llds import REDUCE as LLDS_REDUCE
 from policy import (autocast, batch_logp, collate, enable_grad_ckpt, free_memory, load_policy, load_reference,
                     memory_plan, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import (check_obs_budget, diverged_sampling, episode_stats, hf_generator, load_questions, next_prompts,
-                     rollout, rollout_metrics)
+from rollout import (check_obs_budget, diverged_sampling, episode_stats, load_questions, next_prompts, rollout,
+                     rollout_metrics)
 
 @dataclass
 class Args:
@@ -65,6 +65,7 @@ class Args:
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
     gen_batch_size: str = "auto"  # rows per generate call: a count, or auto: as many as the free memory holds
+    generator: str = "hf"  # decoding: hf (re-prefill every turn) | hf-kv (KV caches kept across turns; engine.py)
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
@@ -121,6 +122,7 @@ CHOICES = {  # Args field -> its valid values, taken from the table that impleme
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
     "llds_gate": tuple(GATES), "llds_norm": tuple(NORMS), "llds_ma": ("off", *MA_SCHEDULES), "bm25": BM25_VARIANTS,
     "ref_dtype": ("bfloat16", "float32"), "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
+    "generator": tuple(GENERATORS),
 }
 
 
@@ -335,11 +337,10 @@ def main(args: Args):
     if state:
         restore(model, optimizer, scheduler, state)
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
-        print0(f"resumed {ckpt} at step {state['step']}" + (f"; nothing to do, --steps is {args.steps}"
-                                                            if start > args.steps else ""))
+        print0(f"resumed {ckpt} at step {start - 1}" + f"; nothing to do: --steps {args.steps}" * (start > args.steps))
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
-    generate = hf_generator(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p, batch_size=gen_rows)  # sampling, as the paper's code
+    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,  # sampling, as the code
+                                          temperature=args.temperature, top_p=args.top_p, batch_size=gen_rows)
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
     with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
@@ -379,9 +380,8 @@ def main(args: Args):
             bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args)
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:
-                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {
-                    "scheduler": scheduler.state_dict(), "order": order, "bad": bad, "history": history},
-                    args.keep_checkpoints)
+                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {"order": order, "bad": bad,
+                                        "history": history, "scheduler": scheduler.state_dict()}, args.keep_checkpoints)
                 print0(f"saved {saved}") if saved else None
             if stopping:
                 print0(f"stopped after step {step}; continue with the same command and --resume {out_dir}")

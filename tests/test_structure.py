@@ -14,8 +14,9 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "fsdp", "grpo", "llds", "policy", "retriever", "rollout"},
-    "evaluate": {"checkpoint", "policy", "retriever", "rollout"},
+    "train": {"checkpoint", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout"},
+    "evaluate": {"checkpoint", "engine", "policy", "retriever", "rollout"},
+    "engine": {"rollout"},
     "policy": {"checkpoint"},
     "fsdp": {"checkpoint"},
     "rollout": {"retriever"},
