@@ -1,8 +1,10 @@
-"""Puts tests/ on the path (tiny.py), and `--exercise NAME`: run only the tests tagged @pytest.mark.exercise(NAME),
-the course's graded tests (tests/test_exercises.py, scripts/grade.py, docs/course.md)."""
+"""Puts tests/ on the path (tiny.py); `--exercise NAME`: run only the tests tagged @pytest.mark.exercise(NAME), the
+course's graded tests (tests/test_exercises.py, scripts/grade.py, docs/course.md); the `one_thread` fixture."""
 
 import pathlib
 import sys
+
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -19,3 +21,15 @@ def pytest_collection_modifyitems(config, items):
     chosen = [it for it in items if (m := it.get_closest_marker("exercise")) and m.args and m.args[0] in names]
     config.hook.pytest_deselected(items=[it for it in items if it not in chosen])
     items[:] = chosen
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): the tiny models are far
+    faster so, with no contention with other CPU jobs; the thread count is restored afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

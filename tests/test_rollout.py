@@ -51,13 +51,7 @@ needs_data = pytest.mark.skipif(not (DATA / "corpus.jsonl").is_file(),
 # Fixtures and helpers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model is far faster on one thread (no contention with other CPU jobs); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
