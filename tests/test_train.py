@@ -556,12 +556,13 @@ def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch
 
 
 def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files, monkeypatch, capsys):
+    import engine
     import rollout
     import train
 
     sizes = []
     real = rollout.hf_generator
-    monkeypatch.setattr(train, "hf_generator", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
+    monkeypatch.setitem(engine.GENERATORS, "hf", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
     # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
     # tokens: 979,200 bytes per row (policy.row_bytes). Free: the static memory plus just enough for the update's 1-row
