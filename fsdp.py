@@ -210,7 +210,9 @@ def restore(model, optimizer, scheduler, state: dict):
 
 # ----------------------------------------------------------------------------------------------------------------------
 
-if __name__ == "__main__":  # torchrun --nproc_per_node 2 fsdp.py (plain `python fsdp.py`: a group of one rank)
+def _demo():  # torchrun --nproc_per_node 2 fsdp.py (plain `python fsdp.py`: a group of one rank)
+    """Every name is local, so the sharded model is gone when _demo returns and the exit hook can destroy the
+    group (module globals would hold it into interpreter finalisation: the SIGABRT of _release_process_group)."""
     import copy
     import socket
 
@@ -236,3 +238,7 @@ if __name__ == "__main__":  # torchrun --nproc_per_node 2 fsdp.py (plain `python
            f"sharded {sharded:.6f}, one process over all {gather_rows(ids[rank:rank + 1]).shape[0]} rows "
            f"{whole.lm_head.weight.grad.norm().item():.6f}")
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _demo()
