@@ -52,7 +52,8 @@ def evaluate_on_test(model: Path, files: dict, out: Path) -> float:
 
 def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
     """Sampled test reward of `model`: `samples` trajectories per test question (temperature 1, top-p 0.95, as train.py
-    samples; warm_start.sampled_em, sampling seed 0), so it measures the policy RL trains, not its greedy mode.
+    samples; warm_start.sampled_em, sampling seed 0, EVAL's turn budget), so it measures the policy RL trains, not
+    its greedy mode.
     Returns {"reward", "searches"} (mean EM and searches per trajectory), cached in `out`."""
     if not out.is_file():
         import warm_start
@@ -61,8 +62,10 @@ def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
 
         policy, tok, _ = load_policy(str(model), device="cpu")
         rows = [json.loads(line) for line in files["test"].read_text(encoding="utf-8").splitlines()]
+        budget = {flag[2:].replace("-", "_"): int(value)  # max_turns, max_new_tokens, max_obs_tokens
+                  for flag, value in zip(EVAL[::2], EVAL[1::2]) if flag != "--batch-size"}
         m = warm_start.sampled_em(policy, tok, rows, BM25Retriever(load_corpus(str(files["corpus"]))).search,
-                                  group_size=samples, max_turns=2, max_new_tokens=48, max_obs_tokens=120, seed=0)
+                                  group_size=samples, seed=0, **budget)  # the turn budget of EVAL, greedy's
         atomic_write(out, json.dumps({"reward": m["em"], "searches": m["searches"], "samples": samples}))
     return json.loads(out.read_text())
 
