@@ -41,6 +41,9 @@ Departures from the official code (each is a bug fix or a guard; the defaults ot
   4. The PPO log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
      overflows to inf and turns the backward pass into NaN (P15). The code's ratio cap at 100 (line 189) is kept on top,
      so loss and gradient equal the code's (within e^-20 per token) wherever the code's are finite.
+  5. The loss is formed in float32 whatever the dtype of the log-probs (an fp16 exp overflows past ~11 nats, and the
+     cap's zero gradient times inf is NaN), and masked slots are set to 0 before any arithmetic, so a -inf log-prob on
+     padding cannot make the loss NaN (0 * inf). Where the code's values are finite, ours are the same.
 
 Run `python grpo.py` for a demo on toy tensors.
 """
@@ -54,12 +57,13 @@ import torch
 def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
     """Group-normalised outcome advantage A_i = (r_i - mean_g) / (std_g + eps), one scalar per trajectory.
 
-    rewards: [B] float; group_ids: length-B list of hashables naming the *prompt* each trajectory answers (P2-P4).
-    Returns adv [B]. std is the unbiased (N-1) estimator, as torch.std in the code. A group of size 1 uses mean 0 and
+    rewards: [B] float; group_ids: length-B list of hashables (or a [B] tensor / array of ids) naming the *prompt* each
+    trajectory answers (P2-P4). Returns adv [B]. std is the unbiased (N-1) estimator, as torch.std in the code. A group of size 1 uses mean 0 and
     std 1 (veRL), so its advantage is the raw reward. A group whose rewards are all equal gets exactly 0 (departure 3).
     `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the lengths differ.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    group_ids = group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids  # tensor(0) would be a new key each
     if rewards.dim() != 1 or len(group_ids) != rewards.numel():
         raise ValueError(f"rewards must be [B] and group_ids length B; got {tuple(rewards.shape)} and {len(group_ids)}")
     index = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
@@ -98,7 +102,7 @@ def kl_k3(logp, ref_logp):
     The log-ratio is clamped to [-20, 20] first (departure 4) so exp never overflows. Used in the loss, its gradient is a
     biased estimate of the reverse-KL gradient (P15b); it is the official default.
     """
-    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    log_ratio = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)  # float32: in fp16 exp overflows past ~11 nats
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
@@ -187,6 +191,25 @@ POLICY_LOSSES = {
 # The loss
 
 
+def check_shapes(logp, old_logp, adv, loss_mask, **more):
+    """Raise ValueError unless logp, old_logp, loss_mask and each tensor of `more` (None: skipped) are all [B, T] and
+    adv is [B] or [B, T]."""
+    if logp.dim() != 2 or logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
+        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
+                         f"{tuple(loss_mask.shape)} must all be [B, T]")
+    for name, x in more.items():
+        if x is not None and x.shape != logp.shape:
+            raise ValueError(f"{name} {tuple(x.shape)} must be [B, T] = {tuple(logp.shape)}, as logp")
+    if tuple(adv.shape) not in ((logp.shape[0],), tuple(logp.shape)):
+        raise ValueError(f"adv {tuple(adv.shape)} must be [B] = {(logp.shape[0],)} or [B, T] = {tuple(logp.shape)}")
+
+
+def masked_float(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x [B, T] as float32, with masked slots (mask 0) set to 0: a -inf log-prob on padding then adds 0, not NaN
+    (0 * inf), and the gradient there is 0."""
+    return torch.where(mask > 0, x.float(), torch.zeros((), device=x.device))
+
+
 def grpo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -215,22 +238,26 @@ def grpo_loss(
     (sequence ratio s_i,t, always seq-mean-token-mean; entropy and KL still use `agg`, as the code). The clip range is
     [1 - clip_eps, 1 + clip_eps_high]; clip_eps_high None means clip_eps (the code's symmetric clip). metrics are
     detached floats under "grpo/" (the module docstring maps them to the code's). num_tokens / num_seqs / norm_len: see
-    `aggregate` (pass the mini-batch totals when micro-batching). Raises ValueError on shape mismatch or bad names.
+    `aggregate` (pass the mini-batch totals when micro-batching). Computed in float32 whatever the log-probs' dtype,
+    with masked slots set to 0 first (departure 5). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and
+    entropy are [B, T] and adv is [B] or [B, T], or on unknown names.
     """
-    if logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
-        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
-                         f"{tuple(loss_mask.shape)} must all be [B, T]")
+    check_shapes(logp, old_logp, adv, loss_mask, ref_logp=ref_logp, entropy=entropy)
     if kl_type not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_type {kl_type!r}; choose one of {sorted(KL_ESTIMATORS)}")
     if policy_loss not in POLICY_LOSSES:
         raise ValueError(f"unknown policy_loss {policy_loss!r}; choose one of {sorted(POLICY_LOSSES)}")
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
+    # float32 (an fp16 exp overflows past ~11 nats), and 0 on masked slots, so a -inf there cannot turn into NaN
+    logp, old_logp = masked_float(logp, mask), masked_float(old_logp.detach(), mask)
+    ref_logp = None if ref_logp is None else masked_float(ref_logp.detach(), mask)
+    entropy = None if entropy is None else masked_float(entropy, mask)
     agg_ = lambda x, mode=agg: aggregate(x, mask, mode, num_tokens, num_seqs, norm_len)  # noqa: E731
     ratio_fn, pg_agg = POLICY_LOSSES[policy_loss]
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
 
-    ratio = ratio_fn(logp, old_logp.detach(), mask)  # [B, T] r_t or s_i,t
+    ratio = ratio_fn(logp, old_logp, mask)  # [B, T] r_t or s_i,t
     pg_unclipped = -adv * ratio  # [B, T]
     pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)  # [B, T] DAPO clip-higher when eps_high > eps
     pg_tok = torch.maximum(pg_unclipped, pg_clipped)  # [B, T] pessimistic bound, Eq. 1
@@ -240,6 +267,7 @@ def grpo_loss(
     n = mask.sum().clamp(min=1)
     metrics = {
         "grpo/pg_loss": pg_loss.item(),
+        "grpo/tokens": mask.sum().item(),  # the weight of the token means below (REDUCE)
         "grpo/clip_frac": ((pg_clipped > pg_unclipped).float() * mask).sum().item() / n.item(),  # actor/pg_clipfrac
         "grpo/ppo_kl": ((old_logp - logp).detach() * mask).sum().item() / n.item(),  # actor/ppo_kl: E_old[log old/pi]
         "grpo/ratio_mean": (ratio.detach() * mask).sum().item() / n.item(),
@@ -250,18 +278,19 @@ def grpo_loss(
         loss = loss - entropy_coef * ent  # a bonus: higher entropy lowers the loss
         metrics["grpo/entropy"] = (entropy.detach() * mask).sum().item() / n.item()
     if ref_logp is not None and kl_coef != 0.0:
-        kl = agg_(KL_ESTIMATORS[kl_type](logp, ref_logp.detach()))
+        kl = agg_(KL_ESTIMATORS[kl_type](logp, ref_logp))
         loss = loss + kl_coef * kl  # P8: + (Search-R1 once subtracted it)
         metrics["grpo/kl"] = kl.item()
     return loss, metrics
 
 
 # How train.update combines each metric of grpo_loss over the micro-batches (and ranks) of one optimizer mini-batch:
-# "sum" for terms already divided by the mini-batch's totals (their micro-batch parts add up), "mean" for averages over
-# the micro-batch's own tokens (weighted by its share of the mini-batch's tokens), "max" for maxima. A metric missing
-# here stops train.update with an error, so a new one cannot be combined the wrong way silently.
-REDUCE = {"grpo/pg_loss": "sum", "grpo/kl": "sum", "grpo/clip_frac": "mean", "grpo/ppo_kl": "mean",
-          "grpo/ratio_mean": "mean", "grpo/entropy": "mean", "grpo/ratio_max": "max"}
+# "sum" for terms already divided by the mini-batch's totals and for counts (their micro-batch parts add up), "max" for
+# maxima, and ("mean", w) for averages over the micro-batch's own units, which count w: the mini-batch's value is
+# sum(value * w) / sum(w), the exact mean whatever the split. A metric missing here stops train.update with an error,
+# so a new one cannot be combined the wrong way silently.
+REDUCE = {"grpo/pg_loss": "sum", "grpo/kl": "sum", "grpo/tokens": "sum", "grpo/ratio_max": "max",
+          **{k: ("mean", "grpo/tokens") for k in ("grpo/clip_frac", "grpo/ppo_kl", "grpo/ratio_mean", "grpo/entropy")}}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -44,9 +44,14 @@ Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f6
      (on-policy); clamp(min=0) would give the full pull. Likewise the code's response gate is not detached
      (dp_actor.py:390-391 overwrite only its > 0 entries with 1): a response whose Deltas sum to exactly 0 still sends
      a gradient through that sum; ours sends none.
-  4. Metrics are exact means over the step (every micro-batch, every rank); the code logs the value of the *last*
-     micro-batch of the last mini-batch, of one worker (dp_actor.py:366-431 assign `metrics[key] = ...`, where the
-     other metrics are appended and averaged).
+  4. Metrics are exact means over each optimizer mini-batch (every micro-batch, every rank: the same values however
+     the mini-batch is split, see REDUCE), then averaged over the step's mini-batches; the code logs the value of the
+     *last* micro-batch of the last mini-batch, of one worker (dp_actor.py:366-431 assign `metrics[key] = ...`, where
+     the other metrics are appended and averaged).
+  5. Delta is 0 on masked slots before the gate sums it, so a -inf log-prob on padding (or a masked observation)
+     cannot make a response's sum NaN and switch its gate off (the code multiplies by the mask, -inf * 0 = NaN).
+  6. llds/answer_prob_min leaves out responses without an answer span (the code averages +inf in for each of them;
+     see official_metrics).
 
 Our keys -> the official code's (dp_actor.py line), to overlay our curves on a run of the authors' code:
   llds/penalty              actor/loss_noreduce / lambda (:396, :430, --llds-norm code); lambda: loss_noreduce_coef
@@ -89,7 +94,7 @@ def _gate_action(delta, keep):
     sums = torch.zeros(B, T + 1, dtype=delta.dtype, device=delta.device)  # [B, T+1] slot 0 unused (masked tokens)
     sums.scatter_add_(1, seg, delta * keep)  # signed sum of Delta per action (dp_actor.py:379)
     gate = (sums > 0).to(delta.dtype).gather(1, seg) * keep  # [B, T] broadcast back to the action's tokens (:380-381)
-    n_units = seg.max(-1).values.sum()  # actions in the preserving set (segments are numbered 1..K per row)
+    n_units = seg.amax(-1).sum() if T else seg.new_zeros(())  # actions in Y_pre (numbered 1..K per row); T = 0: none
     n_on = (sums[:, 1:] > 0).sum()  # unused slots hold exactly 0, so they never count
     return gate, n_on, n_units
 
@@ -155,20 +160,27 @@ def llds_loss(
     a response, or a token with Delta > 0 for the token variant), active_per_response (gated units per Y_pre response,
     normalised like the loss by num_pre so that micro-batch values add up; action gate: the code's
     actor/mean_reduce_chunk), delta_mean (mean Delta over Y_pre tokens; > 0 means the kept responses lost likelihood),
-    frac_tokens (share of Y_pre tokens that are penalised).
-    Raises ValueError on unknown gate / norm or shape mismatch.
+    frac_tokens (share of Y_pre tokens that are penalised), units and kept_tokens (the units and the model tokens in
+    Y_pre: the weights REDUCE uses to combine the means exactly over micro-batches).
+    Raises ValueError on unknown gate / norm, or unless logp, old_logp, loss_mask (and weight) are [B, T] and adv is
+    [B] or [B, T].
     """
     if gate not in GATES:
         raise ValueError(f"unknown LLDS gate {gate!r}; choose one of {sorted(GATES)}")
     if norm not in NORMS:
         raise ValueError(f"unknown LLDS normalisation {norm!r}; choose one of {sorted(NORMS)}")
-    if logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
+    if logp.dim() != 2 or logp.shape != old_logp.shape or logp.shape != loss_mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
                          f"{tuple(loss_mask.shape)} must all be [B, T]")
+    if tuple(adv.shape) not in ((logp.shape[0],), tuple(logp.shape)):
+        raise ValueError(f"adv {tuple(adv.shape)} must be [B] = {(logp.shape[0],)} or [B, T] = {tuple(logp.shape)}")
+    if weight is not None and weight.shape != logp.shape:
+        raise ValueError(f"weight {tuple(weight.shape)} must be [B, T] = {tuple(logp.shape)}, as logp")
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign); float32, so that bf16 log-probs work
-    delta = old_logp.detach().float() - logp.float()  # [B, T]
+    # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign); float32, so that bf16 log-probs work, and
+    # 0 on masked slots, so a -inf log-prob there cannot become NaN (-inf * 0) in the gate's sums
+    delta = torch.where(mask > 0, old_logp.detach().float() - logp.float(), torch.zeros((), device=logp.device))
     keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only (dp_actor.py:347, 378)
     g, n_on, n_units = GATES[gate](delta.detach(), keep)  # [B, T] gate, detached: it routes, it is not trained
     w = 1.0 if weight is None else weight
@@ -178,22 +190,27 @@ def llds_loss(
     # NOTE(departure): "code" divides by the mini-batch's num_tokens; the code by each micro-batch's own count
     loss = NORMS[norm][gate](pen, keep, mask, num_tokens, num_pre, num_pre_tokens)
 
-    n_keep = keep.sum().clamp(min=1).item()
+    n_keep = keep.sum().item()
     n_pre = (keep.sum(-1) > 0).sum().item() if num_pre is None else float(num_pre)
     metrics = {
         "llds/penalty": loss.item(),
         "llds/gate_rate": n_on.item() / max(n_units.item(), 1),
         "llds/active_per_response": n_on.item() / max(n_pre, 1),
-        "llds/delta_mean": (delta.detach() * keep).sum().item() / n_keep,
-        "llds/frac_tokens": ((pen.detach() > 0).float() * keep).sum().item() / n_keep,
+        "llds/delta_mean": (delta.detach() * keep).sum().item() / max(n_keep, 1),
+        "llds/frac_tokens": ((pen.detach() > 0).float() * keep).sum().item() / max(n_keep, 1),
+        "llds/units": float(n_units.item()),  # the weights of the means above (REDUCE): units and tokens in Y_pre
+        "llds/kept_tokens": n_keep,
     }
     return loss, metrics
 
 
 # How train.update combines each llds_loss metric over micro-batches and ranks (as grpo.REDUCE): "sum" for values
-# divided by the mini-batch's totals (num_tokens, num_pre), "mean" for averages over the micro-batch's own tokens.
-REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/gate_rate": "mean", "llds/delta_mean": "mean",
-          "llds/frac_tokens": "mean"}
+# divided by the mini-batch's totals (num_tokens, num_pre) and for counts, ("mean", w) for averages over the
+# micro-batch's own units (gate_rate: actions, responses or tokens of Y_pre; delta_mean, frac_tokens: Y_pre tokens),
+# weighted by their count w, so the mini-batch's value is the exact mean however it is split.
+REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/units": "sum", "llds/kept_tokens": "sum",
+          "llds/gate_rate": ("mean", "llds/units"), "llds/delta_mean": ("mean", "llds/kept_tokens"),
+          "llds/frac_tokens": ("mean", "llds/kept_tokens")}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -261,8 +278,11 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
     Returns floats: llds/pos_avg_old_logp = sum over A >= 0 model tokens of old_logp / all model tokens, neg_ the same
     over A < 0 (dp_actor.py:418-421: the denominator is *all* tokens, so pos_ + neg_ is the token mean); likewise
     pos_/neg_avg_ref_logp (:423-426); llds/answer_tokens (mean answer-span tokens per response, :398-401), answer_frac
-    (share of responses with an answer span, :400-402), answer_prob_mean / answer_prob_min (mean / min of exp(logp)
-    over answer-span tokens, 0.0 when there are none, as the code logs; :404-415).
+    (share of responses with an answer span, :400-402), answer_prob_mean (mean of exp(logp) over all answer-span
+    tokens, :404-409), answer_prob_min (the code's masked_min: each response's lowest answer-token probability,
+    averaged over the responses that have an answer span, :410-415; the code also averages in +inf for each response
+    without one, which makes the logged value inf whenever one response has no answer: ours leaves them out). Both are
+    0.0 when no response has an answer span, as the code logs.
     """
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
@@ -281,7 +301,9 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
         "llds/answer_tokens": per_resp.mean().item(),
         "llds/answer_frac": (per_resp > 0).float().mean().item(),
         "llds/answer_prob_mean": ((prob * ans).sum() / ans.sum()).item() if has else 0.0,
-        "llds/answer_prob_min": prob[ans > 0].min().item() if has else 0.0,
+        # the code's verl_F.masked_min (torch_functional.py): each response's minimum, then the mean over responses
+        "llds/answer_prob_min": prob.masked_fill(ans == 0, float("inf")).amin(-1)[per_resp > 0].mean().item()
+        if has else 0.0,
     })
     return out
 

@@ -155,17 +155,33 @@ def parse_args(argv=None) -> Args:
     return args
 
 
-REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values combine: "sum" | "mean" | "max"
+REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values combine: "sum", "max" or ("mean", weight)
 
 
-def add_metrics(acc: dict, metrics: dict, share: float):
-    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as REDUCE says ("mean": weighted by `share`, the
-    micro-batch's fraction of the mini-batch's tokens). Raises KeyError for a metric REDUCE does not list."""
+def add_metrics(acc: dict, metrics: dict):
+    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as REDUCE says: "sum" adds, "max" keeps the
+    largest, ("mean", w) adds value * metrics[w] (a weighted sum; `mean_metrics` divides by the summed weight). Raises
+    KeyError for a metric REDUCE does not list."""
     for k, v in metrics.items():
         if k not in REDUCE:
-            raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE ('sum', 'mean', 'max')")
-        acc[k] = max(acc.get(k, v), v) if REDUCE[k] == "max" else acc.get(k, 0.0) + (v * share if REDUCE[k] == "mean"
-                                                                                    else v)
+            raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE ('sum', 'max' or "
+                           "('mean', weight key))")
+        how = REDUCE[k]
+        if how == "max":
+            acc[k] = max(acc.get(k, v), v)
+        else:
+            acc[k] = acc.get(k, 0.0) + (v if how == "sum" else v * metrics[how[1]])
+
+
+def mean_metrics(acc: dict) -> dict:
+    """The mini-batch's metrics from add_metrics' sums (after they are summed over ranks): each ("mean", w) metric
+    divided by its summed weight w (0.0 where w is 0: nothing to average), so it is the exact mean over the
+    mini-batch's units however the mini-batch was split into micro-batches."""
+    out = dict(acc)
+    for k, how in REDUCE.items():
+        if k in acc and isinstance(how, tuple):
+            out[k] = acc[k] / acc[how[1]] if acc[how[1]] else 0.0
+    return out
 
 
 def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[torch.Tensor | None, dict]:
@@ -213,11 +229,10 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                 loss = pg + args.llds * reg  # Eq. 6
             loss.backward()
             loss_sum += loss.item()
-            share = loss_mask[rows].sum().item() / num_tokens  # this micro-batch's share of the mini-batch tokens
-            add_metrics(mb, {**m_pg, **m_llds}, share)
-        keys = sorted(mb)  # the same keys on every rank: sum the partial sums and weighted means, max the maxima
+            add_metrics(mb, {**m_pg, **m_llds})
+        keys = sorted(mb)  # the same keys on every rank: sum the partial sums and weighted sums, max the maxima
         sums, maxes = all_reduce([mb[k] for k in keys]), all_reduce([mb[k] for k in keys], "max")
-        per_mini.append({k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)})
+        per_mini.append(mean_metrics({k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)}))
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
         loss_sum = all_reduce([loss_sum])[0]  # every rank takes the same decision

@@ -582,3 +582,59 @@ def test_train_two_steps_gspo_with_llds(tmp_path, monkeypatch):
     assert all(math.isfinite(m[k]) for m in metrics for k in ("grpo/pg_loss", "grpo/clip_frac", "grpo/ppo_kl",
                                                                  "llds/penalty", "grpo/grad_norm"))
     assert any(m["llds/gate_rate"] > 0 for m in metrics)  # LLDS on top of GSPO sees a likelihood drop
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 22: inputs at the edges (fp16, -inf on masked slots, tensor group ids, wrong shapes)
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo-clip", "gspo"])
+def test_fp16_log_probs_far_from_the_rollout_policy_give_finite_gradients(policy_loss):
+    """Log-ratios past ~11 nats overflow exp in fp16 (65504): the loss is formed in float32, so PPO's capped ratio and
+    k3 stay finite, and equal the float32 loss of the same (fp16-representable) values."""
+    old = torch.tensor([[-20.0, -1.0, -2.0], [-1.0, -19.0, -3.0]])
+    logp32 = torch.tensor([[-1.0, -20.0, -2.5], [-15.0, -1.0, -2.0]])  # log-ratios of +-14 to +-19 nats
+    ref = torch.tensor([[-18.0, -2.0, -2.0], [-2.0, -17.0, -3.0]])
+    mask, adv = torch.ones(2, 3), torch.tensor([1.0, -1.0])
+    kw = dict(kl_coef=0.1, policy_loss=policy_loss)
+    lp16, lp32 = logp32.half().requires_grad_(), logp32.clone().requires_grad_()
+    loss16, _ = grpo_loss(lp16, old.half(), ref.half(), adv, mask, **kw)
+    loss32, _ = grpo_loss(lp32, old, ref, adv, mask, **kw)
+    g16, g32 = _grad(loss16, lp16), _grad(loss32, lp32)
+    assert torch.isfinite(loss16) and bool(torch.isfinite(g16).all()), (loss16, g16)
+    assert_close(loss16, loss32, rtol=1e-6, atol=1e-6)  # the inputs are exact in fp16; the arithmetic is float32
+    assert_close(g16.float(), g32, rtol=1e-3, atol=1e-3)  # the gradient is rounded to fp16 on its way back
+    k3 = kl_k3(lp16.detach(), ref.half())
+    assert bool(torch.isfinite(k3).all())
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo-clip", "gspo"])
+def test_minus_inf_on_masked_slots_changes_nothing(policy_loss):
+    """-inf log-probs on masked slots (padding) leave loss, gradient and metrics as with finite values there."""
+    old = torch.tensor([[-1.0, -2.0, -1.0], [-1.5, -1.0, -2.0]])
+    logp = torch.tensor([[-1.2, -1.5, -3.0], [-1.0, -1.2, -3.0]])
+    ref, ent = old - 0.1, torch.full((2, 3), 0.5)
+    mask, adv = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]), torch.tensor([1.0, -1.0])
+    kw = dict(kl_coef=0.1, policy_loss=policy_loss)
+    lp = logp.clone().requires_grad_()
+    want, m_want = grpo_loss(lp, old, ref, adv, mask, entropy=ent, **kw)
+    g_want = _grad(want, lp)
+    o, r, e, lp = old.clone(), ref.clone(), ent.clone(), logp.clone()
+    o[:, 2], r[:, 2], e[:, 2], lp[:, 2] = -math.inf, -math.inf, math.nan, -math.inf
+    lp.requires_grad_()
+    loss, m = grpo_loss(lp, o, r, adv, mask, entropy=e, **kw)
+    assert_close(loss, want, rtol=1e-6, atol=1e-7)
+    assert_close(_grad(loss, lp), g_want, rtol=1e-6, atol=1e-7)
+    assert m == pytest.approx(m_want, rel=1e-6, abs=1e-7)
+
+
+def test_group_ids_may_be_a_tensor_and_adv_must_be_b_or_b_t():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert_close(group_advantages(rewards, torch.tensor([0, 0, 1, 1])), group_advantages(rewards, [0, 0, 1, 1]),
+                 rtol=0, atol=0)  # exact: the same code on the same numbers once the ids are plain
+    logp, mask = torch.zeros(3, 4), torch.ones(3, 4)
+    for adv in (torch.ones(2), torch.ones(3, 2), torch.ones(4, 4), torch.ones(3, 4, 1)):
+        with pytest.raises(ValueError, match=r"adv \(.*\) must be \[B\] = \(3,\) or \[B, T\] = \(3, 4\)"):
+            grpo_loss(logp, logp, None, adv, mask)
+    with pytest.raises(ValueError, match=r"ref_logp \(3, 1\) must be \[B, T\] = \(3, 4\)"):
+        grpo_loss(logp, logp, torch.zeros(3, 1), torch.ones(3), mask)

@@ -6,6 +6,7 @@ Deltas can be read off the test. Test names carry the pitfall they pin (docs/pit
 notes).
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -574,7 +575,8 @@ def test_official_metrics_hand_computed():
     # pos_avg_old = (-1 - 2 - 3  -1 - 1 - 1) / 8 = -9/8 ; neg_avg_old = (-4 - 2) / 8 = -0.75 (sum = the token mean)
     # ref = old - 0.5 -> pos = (-9 - 6 * 0.5) / 8 = -1.5 ; neg = (-6 - 2 * 0.5) / 8 = -7/8
     # answer_mask [[0,0,0,1], [0,1,1,0], [0,0,0,0]]: per response 1, 2, 0 tokens -> answer_tokens 1.0, answer_frac 2/3
-    # answer-token probabilities exp(logp) = 0.25, 0.5, 0.125 -> mean 0.875 / 3, min 0.125
+    # answer-token probabilities exp(logp) = 0.25 | 0.5, 0.125 -> mean 0.875 / 3; min: the code's masked_min, each
+    # response's minimum (0.25, 0.125; row 2 has no span and is left out) averaged: 0.1875 (the global min is 0.125)
     old = torch.tensor([[-1.0, -2, 9, -3], [-1, -1, -1, 9], [-4, -2, 9, 9]])
     mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
     answer = torch.tensor([[0.0, 0, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]])
@@ -583,7 +585,7 @@ def test_official_metrics_hand_computed():
     assert m["llds/pos_avg_old_logp"] == pytest.approx(-9 / 8) and m["llds/neg_avg_old_logp"] == pytest.approx(-0.75)
     assert m["llds/pos_avg_ref_logp"] == pytest.approx(-1.5) and m["llds/neg_avg_ref_logp"] == pytest.approx(-7 / 8)
     assert m["llds/answer_tokens"] == pytest.approx(1.0) and m["llds/answer_frac"] == pytest.approx(2 / 3)
-    assert m["llds/answer_prob_mean"] == pytest.approx(0.875 / 3) and m["llds/answer_prob_min"] == pytest.approx(0.125)
+    assert m["llds/answer_prob_mean"] == pytest.approx(0.875 / 3) and m["llds/answer_prob_min"] == pytest.approx(0.1875)
     # no answer span anywhere: 0.0, as the code logs (dp_actor.py:413-415); no reference: no ref_ keys
     m = official_metrics(old, logp, torch.tensor([1.0, 0.0, -1.0]), mask, torch.zeros(3, 4))
     assert m["llds/answer_prob_mean"] == 0.0 and m["llds/answer_prob_min"] == 0.0 and m["llds/answer_frac"] == 0.0
@@ -649,3 +651,47 @@ def test_lld_alarm_walks_through_the_three_phases_before_the_reward_collapses():
     assert 40 <= first_acc < reward.index(0.0, 1) and max(reward[:first_acc]) > 0.5
     with pytest.raises(ValueError):
         lld_alarm([0.0], [1.0], k=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 22: inputs at the edges (-inf on masked slots, no tokens, wrong shapes)
+
+
+@pytest.mark.parametrize("gate", ["action", "response", "token"])
+def test_minus_inf_log_probs_on_masked_slots_change_nothing(gate):
+    """A -inf log-prob on a masked slot of a kept row (padding, an observation) leaves the loss, gradient and metrics
+    as they are with a finite value there: before, the response gate summed -inf * 0 = NaN, and NaN > 0 switched it
+    off, so the penalty came out a finite 0.0 instead of its value."""
+    old = torch.tensor([[-1.0, -1.0, -2.0, -1.0], [-1.0, -2.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    logp_fin = torch.tensor([[-1.5, -1.2, -3.0, -3.0], [-1.1, -2.5, -1.0, -3.0]])
+    adv = torch.tensor([1.0, 0.0])
+    lp_fin = logp_fin.clone().requires_grad_()
+    want, m_want = llds_loss(lp_fin, old, adv, mask, gate=gate)
+    grad_want = _grad(want, lp_fin)
+    assert want.item() > 0.1  # both rows lost likelihood: the gate is on
+    for where in ("old_logp", "logp", "both"):
+        o, lp = old.clone(), logp_fin.clone()
+        if where in ("old_logp", "both"):
+            o[0, 2:] = -math.inf
+        if where in ("logp", "both"):
+            lp[1, 3] = -math.inf
+        lp.requires_grad_()
+        loss, m = llds_loss(lp, o, adv, mask, gate=gate)
+        assert_close(loss, want, rtol=1e-6, atol=1e-7)
+        assert_close(_grad(loss, lp), grad_want, rtol=1e-6, atol=1e-7)
+        assert m == pytest.approx(m_want, rel=1e-6, abs=1e-7), where
+
+
+def test_no_response_tokens_and_wrong_shapes():
+    """T = 0 (no response token) gives 0 with every gate; a wrongly sized adv or weight is a ValueError naming it."""
+    for gate in ("action", "response", "token"):
+        logp = torch.zeros(3, 0, requires_grad=True)
+        loss, m = llds_loss(logp, torch.zeros(3, 0), torch.tensor([1.0, 0.0, -1.0]), torch.zeros(3, 0), gate=gate)
+        assert abs(loss.item()) <= 1e-12 and m["llds/gate_rate"] == pytest.approx(0.0, abs=1e-12)
+    logp, mask = torch.zeros(3, 4), torch.ones(3, 4)
+    for adv in (torch.ones(2), torch.ones(3, 2), torch.ones(4, 4), torch.ones(3, 4, 1)):
+        with pytest.raises(ValueError, match=r"adv \(.*\) must be \[B\] = \(3,\) or \[B, T\] = \(3, 4\)"):
+            llds_loss(logp, logp, adv, mask)
+    with pytest.raises(ValueError, match=r"weight \(3, 1\) must be \[B, T\] = \(3, 4\)"):
+        llds_loss(logp, logp, torch.ones(3), mask, weight=torch.ones(3, 1))

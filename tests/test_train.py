@@ -610,3 +610,49 @@ def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_th
     assert len(msg.splitlines()) == 1 and msg.startswith("error: the update does not fit: 2 row(s) per micro-batch x "
                                                          "400 tokens without --grad-ckpt need"), msg
     assert "use --micro-batch-size 1, --grad-ckpt, --ref-offload, --fsdp" in msg and "step 1 |" not in capsys.readouterr().out
+
+# Issue 22: every logged loss metric is the exact mean over the mini-batch, however it is split into micro-batches
+
+
+@pytest.mark.parametrize("gate", ["action", "response", "token"])
+def test_update_metrics_are_the_same_for_micro_batches_of_1_3_and_7_rows(gate):
+    """One 7-row mini-batch split into micro-batches of 1, 3 and 7 rows logs the same value for every metric key; the
+    unit-counting LLDS means (gate_rate, delta_mean, frac_tokens) equal llds_loss on the whole batch at once."""
+    from grpo import group_advantages
+    from llds import llds_loss
+    from train import update
+
+    tok = build_tokenizer()
+    g = torch.Generator().manual_seed(0)
+
+    class E:  # the fields collate reads: ragged rows, observation gaps (several actions per row), an answer span
+        def __init__(self, n_prompt, n_resp):
+            self.prompt_ids = torch.randint(5, len(tok), (n_prompt,), generator=g).tolist()
+            self.response_ids = torch.randint(5, len(tok), (n_resp,), generator=g).tolist()
+            self.loss_mask = [0 if 3 <= t < 6 or 9 <= t < 11 else 1 for t in range(n_resp)]  # two observations
+            self.answer_mask = [1 if t >= n_resp - 2 else 0 for t in range(n_resp)]
+
+    batch = collate([E(p, r) for p, r in [(4, 14), (6, 5), (3, 12), (5, 16), (2, 7), (7, 13), (4, 3)]],
+                    tok.pad_token_id)
+    with torch.no_grad():
+        logp0 = batch_logp(build_model(tok, seed=0), batch, 7, 1.0, len(tok))  # [7, T]
+    # the rollout policy's log-probs 0.4 nats away in either direction: every Delta is far from 0, so no gate or
+    # threshold can flip on the last bit of a forward pass whose padding differs with the split
+    old_logp = logp0 + 0.4 * torch.randn(logp0.shape, generator=g).sign()
+    ref_logp = logp0 + 0.1 * torch.randn(logp0.shape, generator=g)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]), [0, 0, 0, 1, 1, 1, 2])  # A < 0, > 0, 0
+    logged = {}
+    for micro in (1, 3, 7):
+        model = build_model(tok, seed=0)
+        args = parse_args(["--micro-batch-size", str(micro), "--mini-batch-size", "7", "--llds", "0.1",
+                           "--llds-gate", gate, "--kl-coef", "0.01", "--device", "cpu"])
+        per_mini, _, _ = update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch, old_logp, ref_logp,
+                                adv, None, args, len(tok), mini_batch_size=7)
+        logged[micro] = per_mini[0]
+    assert set(logged[1]) == set(logged[3]) == set(logged[7])
+    for key in logged[7]:  # float32 forward passes of differently padded micro-batches agree to ~1e-6
+        assert logged[1][key] == pytest.approx(logged[7][key], rel=1e-4, abs=1e-6), (key, logged)
+        assert logged[3][key] == pytest.approx(logged[7][key], rel=1e-4, abs=1e-6), (key, logged)
+    _, whole = llds_loss(logp0, old_logp, adv, batch["loss_mask"], gate=gate)  # the model has not moved yet
+    for key in ("llds/gate_rate", "llds/delta_mean", "llds/frac_tokens", "llds/units", "llds/kept_tokens"):
+        assert logged[1][key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
