@@ -5,10 +5,13 @@ not reach, and the outputs our code gives on them today, stored as small JSON fi
     python tests/make_snapshots.py --check    # exit 1 if a stored snapshot differs from what the code gives now
 
 Inputs are stored with the outputs, so a change of torch's random generator cannot move them; tests/test_course.py
-checks that the files match the code. Rewrite them only after a deliberate change of a graded function.
+checks that the files match the code (`snapshot_differences`: the structure and every non-float exactly, floats to a
+float32 tolerance, since another CPU's vectorised reductions round the last bit differently). Rewrite them only after
+a deliberate change of a graded function.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -106,6 +109,59 @@ def llds_() -> dict:
 
 SNAPSHOTS = {"advantages": advantages, "clipped": clipped, "kl": kl, "gate": gate, "llds": llds_}
 
+# Every stored float is a float32 value (a tensor's, or a metric taken from one). A CPU with other vector widths sums
+# the same float32 terms in another order: a few ulps apart (issue 22: a gradient -0.016324304 here, -0.016324302
+# there, 1 ulp = 1.9e-9). RTOL 1e-5 is ~80 float32 ulps (eps 1.19e-7): room for sums reordered over the snapshots'
+# few dozen terms, far below what a change of formula moves. ATOL 1e-6 covers values that cancel to ~0 (a sum near 0,
+# whose rounding error scales with its terms, not with the result). The same tolerances as tests/test_exercises.py's
+# `close`, which grades students' code against these files.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def differences(stored, computed, where: str = "", limit: int = 10) -> list[str]:
+    """Where `computed` differs from `stored` (both parsed JSON), as "where: stored X, computed Y" lines (at most
+    `limit`): dicts must have the same keys and lists the same lengths; a number compared with a float is equal within
+    RTOL / ATOL (math.isclose); every other value (int, bool, str, None) must be equal exactly, type included."""
+    out = []
+
+    def walk(a, b, at):
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                out.append(f"{at or '.'}: keys {sorted(a)} stored, {sorted(b)} computed")
+                return
+            for k in a:
+                walk(a[k], b[k], f"{at}.{k}" if at else k)
+        elif isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                out.append(f"{at}: {len(a)} items stored, {len(b)} computed")
+                return
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{at}[{i}]")
+        elif _is_number(a) and _is_number(b) and (isinstance(a, float) or isinstance(b, float)):
+            if not (math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) or (math.isnan(a) and math.isnan(b))):
+                out.append(f"{at}: stored {a!r}, computed {b!r}")
+        elif type(a) is not type(b) or a != b:
+            out.append(f"{at}: stored {a!r}, computed {b!r}")
+
+    walk(stored, computed, where)
+    return out
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def snapshot_differences(name: str) -> list[str]:
+    """How tests/snapshots/{name}.json differs from what the code gives now (`differences`); [] if it matches, one
+    line if the file is missing. Used by --check and tests/test_course.py."""
+    path = OUT / f"{name}.json"
+    if not path.exists():
+        return [f"{path.name}: missing"]
+    computed = json.loads(json.dumps(SNAPSHOTS[name]()))  # as written: tuples become lists, float32 -> float repr
+    return [f"{path.name}: {d}" for d in differences(json.loads(path.read_text()), computed)]
+
 
 def main(argv=None) -> int:
     check = "--check" in (sys.argv[1:] if argv is None else argv)
@@ -113,12 +169,13 @@ def main(argv=None) -> int:
     stale = []
     for name, make in SNAPSHOTS.items():
         path = OUT / f"{name}.json"
-        data = make()
         if check:
-            if not path.exists() or json.loads(path.read_text()) != json.loads(json.dumps(data)):
+            diffs = snapshot_differences(name)
+            if diffs:
                 stale.append(path.name)
+                print("\n".join(diffs))
         else:
-            path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+            path.write_text(json.dumps(make(), separators=(",", ":")) + "\n")
             print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size / 1024:.1f} KB)")
     if stale:
         print(f"stale snapshots: {', '.join(stale)}; rewrite with: python tests/make_snapshots.py")

@@ -31,10 +31,10 @@ def test_f1_hand_cases():
     assert E.f1_score("Paris France", ["Lyon", "Paris"]) == pytest.approx(2 / 3)
     # multiset overlap: [new, new, york] vs [new, york]: common = 1 new + 1 york = 2, P = 2/3, R = 1, F1 = 0.8
     assert E.f1_score("new new york", "New York") == pytest.approx(0.8)
-    assert E.f1_score("Yes.", ["yes"]) == 1.0
-    assert E.f1_score("yes it is", ["yes"]) == 0.0  # FlashRAG / HotpotQA: yes/no only counts when exact
-    assert E.f1_score("no", ["no way out"]) == 0.0
-    assert E.f1_score("Lyon", ["Paris"]) == 0.0 and E.f1_score("", ["Paris"]) == 0.0
+    assert E.f1_score("Yes.", ["yes"]) == pytest.approx(1.0)
+    assert E.f1_score("yes it is", ["yes"]) == pytest.approx(0.0)  # FlashRAG / HotpotQA: yes/no only counts when exact
+    assert E.f1_score("no", ["no way out"]) == pytest.approx(0.0)
+    assert E.f1_score("Lyon", ["Paris"]) == pytest.approx(0.0) and E.f1_score("", ["Paris"]) == pytest.approx(0.0)
 
 
 def test_sub_em_hand_cases():
@@ -47,7 +47,7 @@ def test_sub_em_hand_cases():
 
 def test_no_answer_scores_zero_and_em_is_the_training_reward():
     for metric in (em_check, E.f1_score, E.sub_em):
-        assert metric(None, ["Paris"]) == 0.0
+        assert metric(None, ["Paris"]) == pytest.approx(0.0)
     assert em_check("the Eiffel Tower", ["Eiffel Tower"]) == 1.0
     # a longer answer: EM 0, sub-EM 1, F1 = 2 * (2/3) * 1 / (2/3 + 1) = 0.8
     assert em_check("Eiffel Tower Paris", ["Eiffel Tower"]) == 0.0
@@ -61,10 +61,10 @@ def test_retrieved_titles_and_recall_on_hand_made_observations():
            [hit("Zach Bogosian\nAn ice hockey player."), hit('""Weird Al" Yankovic"\nA musician.')]]
     titles = E.retrieved_titles(obs)
     assert titles == ["Eve Beglarian", "Ew! (song)", "Zach Bogosian", '"Weird Al" Yankovic']
-    assert E.recall(["Eve Beglarian", "Jimmy Fallon"], titles) == 0.5  # 1 of 2 gold paragraphs retrieved
-    assert E.recall(["eve  beglarian", "Zach Bogosian", '"Weird Al" Yankovic'], titles) == 1.0
+    assert E.recall(["Eve Beglarian", "Jimmy Fallon"], titles) == pytest.approx(0.5)  # 1 of 2 gold paragraphs retrieved
+    assert E.recall(["eve  beglarian", "Zach Bogosian", '"Weird Al" Yankovic'], titles) == pytest.approx(1.0)
     assert E.recall([], titles) is None and E.recall(None, titles) is None  # nothing to recall: not scored
-    assert E.recall(["Jimmy Fallon"], []) == 0.0
+    assert E.recall(["Jimmy Fallon"], []) == pytest.approx(0.0)
     # a passage's text is never read for titles (parsing the formatted text found one in this passage's 2nd line)
     assert E.retrieved_titles([[hit('"Jimmy Fallon"\nHe wrote\nDoc 2(Title: x) inline')]]) == ["Jimmy Fallon"]
 
@@ -84,7 +84,7 @@ def test_rollout_records_what_the_retriever_returned():
                   topk=1)
     assert ep.num_searches == 1 and ep.retrieved == [bm25.search(["Eve Beglarian composer"], 1)[0]] and ep.reward == 1.0
     assert E.retrieved_titles(ep.retrieved) == ["Eve Beglarian"]  # the model's "Doc 9(Title: Fake)" is not counted
-    assert E.recall(["Eve Beglarian", "Zach Bogosian"], E.retrieved_titles(ep.retrieved)) == 0.5
+    assert E.recall(["Eve Beglarian", "Zach Bogosian"], E.retrieved_titles(ep.retrieved)) == pytest.approx(0.5)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -106,12 +106,14 @@ def test_score_table_averages_with_missing_sources():
             {"data_source": "toy", "em": 1.0, "f1": 1.0, "sub_em": 1.0, "searches": 0, "recall": None}]
     t = E.score_table(recs)
     assert list(t) == ["NQ", "TQA", "HotpotQA", "2Wiki", "toy", "Gen-Avg", "MH-Avg", "average"]  # paper order first
-    assert t["NQ"] == {"n": 2, "em": 0.5, "f1": 0.75, "sub_em": 1.0, "searches": 1.5}  # no recall: no gold titles
-    assert t["2Wiki"]["n"] == 2 and t["2Wiki"]["recall"] == 0.5  # both spellings are one source
+    assert t["NQ"] == pytest.approx({"n": 2, "em": 0.5, "f1": 0.75, "sub_em": 1.0, "searches": 1.5})  # no gold titles
+    assert t["2Wiki"]["n"] == 2 and t["2Wiki"]["recall"] == pytest.approx(0.5)  # both spellings are one source
     # Gen-Avg = mean(NQ 0.5, TQA 0.0) = 0.25; MH-Avg = mean(HotpotQA 1.0, 2Wiki 0.5) = 0.75;
     # Avg = mean over the 5 sources (0.5 + 0 + 1 + 0.5 + 1) / 5 = 0.6, unweighted (7 questions would give 4/7)
-    assert t["Gen-Avg"]["em"] == 0.25 and t["Gen-Avg"]["sources"] == ["NQ", "TQA"] and t["Gen-Avg"]["n"] == 3
-    assert t["MH-Avg"]["em"] == 0.75 and t["MH-Avg"]["recall"] == 0.5  # mean(HotpotQA 0.5, 2Wiki 0.5)
+    assert t["Gen-Avg"]["em"] == pytest.approx(0.25) and t["Gen-Avg"]["sources"] == ["NQ", "TQA"]
+    assert t["Gen-Avg"]["n"] == 3
+    assert t["MH-Avg"]["em"] == pytest.approx(0.75)
+    assert t["MH-Avg"]["recall"] == pytest.approx(0.5)  # mean(HotpotQA 0.5, 2Wiki 0.5)
     assert t["average"]["em"] == pytest.approx(0.6) and t["average"]["n"] == 7
     text = "\n".join(E.table_lines(t))
     assert "not run: PopQA" in text and "not run: Musique, Bamb." in text
@@ -121,7 +123,8 @@ def test_score_table_averages_with_missing_sources():
 def test_score_table_only_em_keeps_the_old_shape():
     t = E.score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0},
                        {"data_source": "b", "em": 1.0}])
-    assert t == {"a": {"n": 2, "em": 0.5}, "b": {"n": 1, "em": 1.0}, "average": {"n": 3, "em": 0.75}}
+    want = {"a": {"n": 2, "em": 0.5}, "b": {"n": 1, "em": 1.0}, "average": {"n": 3, "em": 0.75}}
+    assert t.keys() == want.keys() and all(t[k] == pytest.approx(v) for k, v in want.items())  # approx: not nested
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -139,7 +142,7 @@ def test_paper_rows_are_self_consistent():
         assert abs(gen - (nq + tqa + pop) / 3) <= 0.002, label
         assert abs(mh - (hot + wiki + mus + bam) / 4) <= 0.002, label
         assert abs(avg - (nq + tqa + pop + hot + wiki + mus + bam) / 7) <= 0.002, label
-    assert E.paper_row("3B-Ins +LLDS")[9] == 0.441 and E.paper_row("7B-Ins +LLDS (λ=0.3)")[0] == 0.518
+    assert E.paper_row("3B-Ins +LLDS")[9] == 0.441 and E.paper_row("7B-Ins +LLDS (λ=0.3)")[0] == 0.518  # exact: parsed
 
 
 @pytest.mark.skipif(not SPEC.exists(), reason="needs the maintainers' notes on the paper (not part of the repository)")
@@ -187,8 +190,9 @@ def test_every_recipe_command_parses_to_its_rows_settings():
         args = vars(parse_args(common + flags))
         assert {k: args[k] for k in E.RECIPES[label]} == E.RECIPES[label], label
         assert args["max_turns"] == 3 and args["group_size"] == 5 and args["prompts_per_step"] == 512, label
-    assert {r["llds"] for r in E.RECIPES.values()} == {0.0, 0.2, 0.3}
-    assert E.RECIPES["7B-Ins +LLDS (λ=0.3)"]["llds"] == 0.3 and E.RECIPES["3B-Ins GSPO +LLDS"]["policy_loss"] == "gspo"
+    assert {r["llds"] for r in E.RECIPES.values()} == {0.0, 0.2, 0.3}  # exact: settings typed in, no arithmetic
+    assert E.RECIPES["7B-Ins +LLDS (λ=0.3)"]["llds"] == 0.3 and \
+        E.RECIPES["3B-Ins GSPO +LLDS"]["policy_loss"] == "gspo"  # exact: settings typed in
     assert E.EVAL_MAX_TURNS == 4  # evaluate.py's default search budget, the paper's
 
 

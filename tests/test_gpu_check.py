@@ -27,7 +27,7 @@ def test_tiny_run_writes_every_row_with_positive_figures(tmp_path):
         assert "error" not in row, row
         assert all(row[k] > 0 for k in FIGURES), row
         assert row["retrieval_s"] >= 0 and row["mfu"] is None  # no peak FLOP/s figure for a CPU
-        assert len(row["steps"]) == 2 and row["update_s"] == row["steps"][1]["perf/update_s"]
+        assert len(row["steps"]) == 2 and row["update_s"] == row["steps"][1]["perf/update_s"]  # exact: a copy
         assert row["gen_s"] + row["retrieval_s"] == pytest.approx(row["steps"][1]["perf/rollout_s"])
     assert report["tests"]["rc"] == 0 and "1 passed" in report["tests"]["summary"], report["tests"]
     table = r.stdout[r.stdout.index("model "):]

@@ -165,7 +165,7 @@ def test_clip_fraction_counts_only_active_clips():
     _, m = grpo_loss(logp, torch.zeros(3, 4), None, torch.tensor([1.0, -1.0, 0.0]), mask, kl_coef=0.0)
     assert_close(m["grpo/clip_frac"], 3 / 11)
     _, m1 = grpo_loss(logp, logp.detach(), None, torch.tensor([1.0, -1.0, 0.0]), mask, kl_coef=0.0)
-    assert m1["grpo/clip_frac"] == 0.0  # on-policy: ratio 1, never clipped
+    assert m1["grpo/clip_frac"] == pytest.approx(0.0, abs=1e-12)  # on-policy: ratio 1, never clipped
 
 
 def test_ppo_ratio_capped_at_100_as_the_code():
@@ -176,8 +176,9 @@ def test_ppo_ratio_capped_at_100_as_the_code():
     logp = torch.tensor([[-4.0]], requires_grad=True)
     loss, m = grpo_loss(logp, torch.tensor([[-10.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
     assert_close(loss, torch.tensor(100.0))
-    assert _grad(loss, logp).item() == 0.0
-    assert m["grpo/ratio_max"] == 100.0 and m["grpo/clip_frac"] == 0.0  # max(100, 1.2): the unclipped branch wins
+    assert _grad(loss, logp).item() == pytest.approx(0.0, abs=1e-12)
+    assert m["grpo/ratio_max"] == pytest.approx(100.0, rel=1e-5)  # max(100, 1.2): the unclipped branch wins
+    assert m["grpo/clip_frac"] == pytest.approx(0.0, abs=1e-12)
     # below the cap nothing changes: log-ratio 4 -> r = e^4 = 54.598, loss and gradient -A r = 54.598
     logp = torch.tensor([[-6.0]], requires_grad=True)
     loss, _ = grpo_loss(logp, torch.tensor([[-10.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
@@ -186,7 +187,7 @@ def test_ppo_ratio_capped_at_100_as_the_code():
     # log-ratio 200: the code's exp overflows to inf and its backward gives 0 * inf = NaN; ours is 100 and 0 (finite)
     logp = torch.tensor([[0.0]], requires_grad=True)
     loss, _ = grpo_loss(logp, torch.tensor([[-200.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1), kl_coef=0.0)
-    assert loss.item() == 100.0 and _grad(loss, logp).item() == 0.0
+    assert loss.item() == pytest.approx(100.0, rel=1e-5) and _grad(loss, logp).item() == pytest.approx(0.0, abs=1e-12)
 
 
 def _code_ppo_loss(old, logp, adv, mask, eps):
@@ -256,13 +257,13 @@ def test_gspo_two_responses_hand_computed():
     loss, m = grpo_loss(logp, old, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0, policy_loss="gspo")
     assert_close(loss, torch.tensor((-s0 + s1) / 2))
     assert_close(_grad(loss, logp), torch.tensor([[-s0 / 4, -s0 / 4, 0, 0], [s1 / 6, s1 / 6, s1 / 6, 0]]))
-    assert m["grpo/clip_frac"] == 0.0
+    assert m["grpo/clip_frac"] == pytest.approx(0.0, abs=1e-12)
     assert_close(m["grpo/ppo_kl"], -0.22)
     assert_close(m["grpo/ratio_max"], s1)
     # token-level PPO on the same tensors differs: row 0 token 0 has r = e^0.3 = 1.35 > 1.2 with A > 0, so it is
     # clipped there (gradient 0), while GSPO, whose sequence ratio 1.105 is inside the range, keeps its gradient
     ppo, _ = grpo_loss(logp, old, None, torch.tensor([1.0, -1.0]), mask, kl_coef=0.0, policy_loss="ppo-clip")
-    assert _grad(ppo, logp)[0, 0] == 0.0
+    assert _grad(ppo, logp)[0, 0].item() == pytest.approx(0.0, abs=1e-12)
     # A = [+1, +1]: row 1 now has s_1 = 1.35 > 1.2 with A > 0: clipped, per token -1.2 and no gradient
     #   loss = (-1.105171 - 1.2) / 2 = -1.152585; clip_frac = 3 / 5 (the code counts tokens, line 314)
     loss, m = grpo_loss(logp, old, None, torch.tensor([1.0, 1.0]), mask, kl_coef=0.0, policy_loss="gspo")
@@ -397,7 +398,7 @@ def test_kl_off_when_coef_zero_or_ref_none():
     l0, m0 = grpo_loss(logp, logp.detach(), ref, torch.zeros(2), torch.ones(2, 4), kl_coef=0.0)
     l1, m1 = grpo_loss(logp, logp.detach(), None, torch.zeros(2), torch.ones(2, 4), kl_coef=0.5)
     assert "grpo/kl" not in m0 and "grpo/kl" not in m1
-    assert l0.item() == 0.0 and l1.item() == 0.0
+    assert l0.item() == pytest.approx(0.0, abs=1e-12) and l1.item() == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError):
         grpo_loss(logp, logp.detach(), ref, torch.zeros(2), torch.ones(2, 4), kl_type="k4")
 
@@ -519,7 +520,7 @@ def test_p22_on_policy_loss_zero_but_reinforce_gradient():
     for agg in AGGS:
         loss, m = grpo_loss(logp, logp.detach(), None, adv, mask, kl_coef=0.0, agg=agg)
         assert abs(loss.item()) < 1e-6
-        assert m["grpo/clip_frac"] == 0.0
+        assert m["grpo/clip_frac"] == pytest.approx(0.0, abs=1e-12)
         g = _grad(loss, logp)
         assert g.abs().max().item() > 0.01  # "loss = 0" is not "no learning signal"
         n = {"token-mean": 18.0, "seq-mean-token-mean": 3.0 * 6, "seq-mean-token-sum-norm": 4.0 * 6}[agg]
@@ -534,10 +535,11 @@ def test_train_parse_policy_loss_and_clip_eps_high(capsys):
     from train import parse_args
 
     a = parse_args([])
-    assert a.policy_loss == "ppo-clip" and a.clip_eps_high == a.clip_eps == 0.2  # unset: the code's symmetric clip
-    assert parse_args(["--clip-eps", "0.1"]).clip_eps_high == 0.1
+    assert a.policy_loss == "ppo-clip" and \
+        a.clip_eps_high == a.clip_eps == 0.2  # exact: as parsed; unset: the code's symmetric clip
+    assert parse_args(["--clip-eps", "0.1"]).clip_eps_high == 0.1  # exact: a parsed setting, no arithmetic
     a = parse_args(["--policy-loss", "gspo", "--clip-eps-high", "0.28"])
-    assert a.policy_loss == "gspo" and a.clip_eps_high == 0.28 and a.clip_eps == 0.2
+    assert a.policy_loss == "gspo" and a.clip_eps_high == 0.28 and a.clip_eps == 0.2  # exact: parsed settings
     for argv, err in ((["--policy-loss", "grpo"], "--policy-loss must be one of ('ppo-clip', 'gspo'), got 'grpo'"),
                       (["--clip-eps-high=0"], "--clip-eps-high must be > 0, got 0.0"),
                       (["--clip-eps-high=-0.1"], "--clip-eps-high must be > 0, got -0.1"),
@@ -578,7 +580,7 @@ def test_train_two_steps_gspo_with_llds(tmp_path, monkeypatch):
         torch.set_num_threads(n)
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    assert seen and set(seen) == {("gspo", 0.2, 0.28)}  # 2 steps x 2 mini-batches x 2 micro-batches
+    assert seen and set(seen) == {("gspo", 0.2, 0.28)}  # exact: the settings passed on (2 x 2 x 2 calls)
     assert all(math.isfinite(m[k]) for m in metrics for k in ("grpo/pg_loss", "grpo/clip_frac", "grpo/ppo_kl",
                                                                  "llds/penalty", "grpo/grad_norm"))
     assert any(m["llds/gate_rate"] > 0 for m in metrics)  # LLDS on top of GSPO sees a likelihood drop

@@ -114,7 +114,7 @@ def test_a_run_folder_loads_its_newest_checkpoint(tiny, tmp_path):
     for step in (1, 2):
         checkpoint.save(tmp_path, step, lambda folder: shutil.copytree(tiny, folder, dirs_exist_ok=True))
     model, tok, _ = load_policy(str(tmp_path), "float32", "cpu")
-    assert len(tok) > 100 and torch.equal(model.lm_head.weight,
+    assert len(tok) > 100 and torch.equal(model.lm_head.weight,  # exact: the same file's bytes, loaded twice
                                           load_policy(str(tiny), "float32", "cpu")[0].lm_head.weight)
     shutil.rmtree(tmp_path / "checkpoints")
     (tmp_path / "checkpoints").mkdir()
@@ -143,7 +143,7 @@ def test_p17_logp_from_logits_divides_logits_by_temperature():
     # T = 1 is plain log_softmax; and the same call twice gives ratio exactly 1 (on-policy)
     plain = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
     assert_close(logp_from_logits(logits, targets), plain)
-    assert ((lp - logp_from_logits(logits, targets, temperature=T)).exp() == 1).all()
+    assert ((lp - logp_from_logits(logits, targets, temperature=T)).exp() == 1).all()  # exact: the same call twice
     # bf16 logits are computed in float32
     assert logp_from_logits(logits.bfloat16(), targets, T).dtype == torch.float32
 

@@ -1,6 +1,13 @@
 """Tests for retriever.py: BM25 against a plain-loop Okapi and a plain-loop Lucene BM25 (and against Lucene itself),
 P23 result shapes, the Search-R1 passage format, input errors and the CLI. CPU only, no network; the real corpus is read
-from ../shared/data (never copied into the repo)."""
+from ../shared/data (never copied into the repo).
+
+Scores are compared bitwise (lines marked `# exact:`, see tests/test_float_compare.py) where bit for bit is the claim:
+Lucene's float32 scores, rank-bm25's float64 ones, SparseBM25.top against the dense path, ties, a cached index, the
+server's JSON. retriever.py computes them in elementwise IEEE operations and math.log, in a fixed order, with no
+vectorised reduction, so no CPU rounds them differently; and a tolerance would let the "float64" mistake of
+test_lucene_reference_tells_wrong_formulas_apart pass (it moves scores by a float32 ulp). The plain-loop Okapi
+reference (other arithmetic) is compared to 1e-6."""
 
 import base64
 import json
@@ -112,7 +119,7 @@ def test_topk_matches_brute_force_toy(k1, b):
     for k in (1, 3, len(TOY) + 5):
         assert_matches_brute_force(retriever, TOY, queries, k, k1=k1, b=b)
     hits = retriever.search(["Lyon"], topk=5)[0]  # duplicate passages tie: the earlier one comes first
-    assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]
+    assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]  # exact: a tie
 
 
 @needs_data
@@ -365,9 +372,10 @@ def test_sparse_equals_rank_bm25_real_corpus_200_queries(real):
     word_scores = {}
     for query, hits in zip(queries, sparse.search(queries, topk=5), strict=True):
         expected = rank_bm25_topk(reference.bm25, query, 5, word_scores)
-        assert [(h["document"]["id"], h["score"]) for h in hits] == expected, query  # ids, order, scores: exact
+        assert [(h["document"]["id"], h["score"]) for h in hits] == expected, query  # exact: ids, order, scores
     for query in queries[:5]:  # and the whole score vector, bitwise, straight from BM25Okapi.get_scores (slow)
-        assert np.array_equal(sparse.bm25.get_scores(tokenize(query)), reference.bm25.get_scores(tokenize(query)))
+        assert np.array_equal(sparse.bm25.get_scores(tokenize(query)),  # exact: bitwise, the module docstring
+                              reference.bm25.get_scores(tokenize(query)))
 
 
 NEGATIVE_IDF = [{"id": str(i), "contents": c} for i, c in enumerate(["a b", "a c", "a b c a"])]  # mean idf < 0
@@ -379,8 +387,9 @@ def test_sparse_scores_bitwise_on_toy_corpora(corpus):
     ref = BM25Retriever(corpus, engine="rank_bm25", bm25="okapi")
     fast = BM25Retriever(corpus, engine="sparse", bm25="okapi")
     for query in ("France capital city", "Paris Paris capital", "a", "a b c", "b b", "zebra", "Lyon Rhone"):
-        assert np.array_equal(ref.bm25.get_scores(tokenize(query)), fast.bm25.get_scores(tokenize(query))), query
-        assert ref.search([query], 10) == fast.search([query], 10)
+        assert np.array_equal(ref.bm25.get_scores(tokenize(query)),  # exact: bitwise, the module docstring
+                              fast.bm25.get_scores(tokenize(query))), query
+        assert ref.search([query], 10) == fast.search([query], 10)  # exact: bitwise
 
 
 @pytest.mark.parametrize("engine", ["rank_bm25", "sparse"])
@@ -390,7 +399,7 @@ def test_bad_input_and_ties_both_engines(engine):
     everything = retriever.search(["is the of a"], topk=100)[0]  # topk > corpus: every passage with a query word
     assert len(everything) == sum(s > 0 for s in brute_force_bm25(TOY, "is the of a")) < 100
     lyon = retriever.search(["Lyon Rhone"], topk=2)[0]  # "b" and "g" are the same passage: a tie, kept in order
-    assert [h["document"]["id"] for h in lyon] == ["b", "g"] and lyon[0]["score"] == lyon[1]["score"]
+    assert [h["document"]["id"] for h in lyon] == ["b", "g"] and lyon[0]["score"] == lyon[1]["score"]  # exact: tie
     assert_matches_brute_force(retriever, TOY, ["France capital city", "Paris Paris Troy", "Rhone"], k=4)
     with pytest.raises(ValueError, match="topk"):
         retriever.search(["Paris"], topk=0)
@@ -517,7 +526,7 @@ def test_lucene_scores_are_lucene_8_7s_on_toy():
     retriever = BM25Retriever(LUCENE_TOY)
     assert (retriever.variant, retriever.analyzer, retriever.engine) == ("lucene", "english", "sparse")
     for query, hits in zip(LUCENE_QUERIES, retriever.search(LUCENE_QUERIES, topk=20), strict=True):
-        assert [(h["document"]["id"], h["score"]) for h in hits] == LUCENE_TOY_HITS[query], query
+        assert [(h["document"]["id"], h["score"]) for h in hits] == LUCENE_TOY_HITS[query], query  # exact: bitwise
 
 
 def test_lucene_hand_computed_scores():
@@ -603,10 +612,10 @@ def lucene_matches_reference(retriever, corpus, queries, k, stats, **kw) -> bool
     """Bitwise: the same hits (ids, order) with the same float32 scores, and the same full score vector [D]."""
     for query, hits in zip(queries, retriever.search(queries, topk=k), strict=True):
         if [(h["document"]["id"], h["score"]) for h in hits] != brute_force_lucene_topk(corpus, query, k,
-                                                                                      stats=stats, **kw):
-            return False
+                                                                                      stats=stats, **kw):  # exact:
+            return False  # bitwise is the claim: see the module docstring
         words = english_analyze(query)
-        if words and not np.array_equal(retriever.bm25.get_scores(words),
+        if words and not np.array_equal(retriever.bm25.get_scores(words),  # exact: bitwise, the module docstring
                                         np.array(brute_force_lucene(corpus, query, stats=stats, **kw))):
             return False
     return True
@@ -618,9 +627,9 @@ def test_lucene_matches_plain_python_reference_toy(k1, b):
     stats = brute_force_lucene_stats(LUCENE_TOY)
     for k in (1, 3, len(LUCENE_TOY)):
         assert lucene_matches_reference(retriever, LUCENE_TOY, LUCENE_QUERIES, k, stats, k1=k1, b=b)
-    if (k1, b) == (0.9, 0.4):  # and the reference itself reproduces Lucene's scores
+    if (k1, b) == (0.9, 0.4):  # exact: parameters; and the reference itself reproduces Lucene's scores
         assert [brute_force_lucene_topk(LUCENE_TOY, q, 20, stats=stats) for q in LUCENE_QUERIES] == \
-            [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]
+            [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]  # exact: bitwise
 
 
 @pytest.mark.parametrize("wrong", ["idf without the +1", "(k1 + 1) factor", "exact lengths", "N counts every passage",
@@ -802,7 +811,7 @@ def test_lucene_itself_on_toy(tmp_path):
                        base64_lines(tmp_path / "q.b64", LUCENE_QUERIES), "20")
     hits = [[(LUCENE_TOY[int(h.split(":")[0])]["id"], struct.unpack(">f", bytes.fromhex(h.split(":")[1].zfill(8)))[0])
              for h in line.split()] for line in lines]
-    assert hits == [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]
+    assert hits == [LUCENE_TOY_HITS[q] for q in LUCENE_QUERIES]  # exact: Lucene's own float32 bits, stored
 
 
 @needs_lucene
@@ -829,7 +838,7 @@ def test_lucene_itself_on_the_real_corpus(tmp_path, real_lucene):
     fed = SparseBM25.build(lucene_words[:len(corpus)], variant="lucene")
     for words, hits in zip(lucene_words[len(corpus):], lucene_hits, strict=True):
         scores = fed.get_scores(words)
-        assert [(str(i), float(scores[i])) for i in top_k(scores, 10)] == hits
+        assert [(str(i), float(scores[i])) for i in top_k(scores, 10)] == hits  # exact: bitwise, Lucene's
     ours_top3 = [[h["document"]["id"] for h in q] for q in ours.search(questions, 3)]
     assert ours_top3 == [[i for i, _ in hits[:3]] for hits in lucene_hits]
 
@@ -863,7 +872,7 @@ def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant, c
     real_build = SparseBM25.build
     monkeypatch.setattr(SparseBM25, "build", lambda *a, **kw: builds.append(1) or real_build(*a, **kw))
     second = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)  # hit: nothing rebuilt
-    assert builds == [] and second.search(["France capital"], 5) == first.search(["France capital"], 5)
+    assert builds == [] and second.search(["France capital"], 5) == first.search(["France capital"], 5)  # exact: cache
 
     BM25Retriever.from_jsonl(path, k1=1.2, engine="sparse", cache_dir=cache, bm25=variant)  # other parameters: miss
     assert builds == [1]
@@ -874,7 +883,7 @@ def test_index_cache_hit_miss_and_invalidation(tmp_path, monkeypatch, variant, c
 
     next(cache.glob("*.npz")).write_bytes(b"not an npz")  # a damaged cache file: warn and rebuild
     fourth = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)
-    assert builds == [1, 1, 1] and fourth.search(["zebras"], 3) == third.search(["zebras"], 3)
+    assert builds == [1, 1, 1] and fourth.search(["zebras"], 3) == third.search(["zebras"], 3)  # exact: one index
     BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant)
     assert builds == [1, 1, 1]  # ... and the rebuilt file is used again
 
@@ -894,7 +903,7 @@ def test_index_cache_keeps_one_index_per_variant_and_analyzer(tmp_path, monkeypa
     for (variant, analyzer), first in zip(combos, built):
         again = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache, bm25=variant, analyzer=analyzer)
         assert (again.variant, again.analyzer, again.bm25.variant) == (first.variant, first.analyzer, variant)
-        assert again.search(LUCENE_QUERIES, 20) == first.search(LUCENE_QUERIES, 20)
+        assert again.search(LUCENE_QUERIES, 20) == first.search(LUCENE_QUERIES, 20)  # exact: the cached index
     lucene, okapi = built[0].search(["Paris"], 3)[0], built[1].search(["Paris"], 3)[0]
     assert [h["score"] for h in lucene] != [h["score"] for h in okapi]  # really two different scorings
 
@@ -911,7 +920,7 @@ def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damag
                       "bit flip": data[:200] + bytes([data[200] ^ 4]) + data[201:]}[damage])
     capsys.readouterr()
     rebuilt = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=cache)
-    assert rebuilt.search(["France capital", "Troy"], 5) == expected
+    assert rebuilt.search(["France capital", "Troy"], 5) == expected  # exact: the same index, rebuilt here
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("warning: rebuilding") and f"{file}: damaged index file" in err[0], err
     assert SparseBM25.load(file).num_docs == len(TOY)  # rewritten whole
@@ -948,10 +957,10 @@ def test_server_round_trip_matches_in_process(server):
     remote = RemoteRetriever(server)  # a bare host:port gets /retrieve
     queries = ["France capital city", "Troy", "", "zebra", "Lyon Rhone", "Paris Paris"]
     assert remote.url == server + "/retrieve"
-    assert remote.search(queries, 3) == local.search(queries, 3)  # floats survive JSON exactly
-    assert remote(queries, 2) == local(queries, 2) and remote([], 3) == []
+    assert remote.search(queries, 3) == local.search(queries, 3)  # exact: floats survive JSON (repr round trips)
+    assert remote(queries, 2) == local(queries, 2) and remote([], 3) == []  # exact: the same code, this machine
     status, answer = post(server + "/retrieve", {"queries": ["Troy", "zebra"], "topk": 3, "return_scores": True})
-    assert status == 200 and answer == {"result": local.search(["Troy", "zebra"], 3)}
+    assert status == 200 and answer == {"result": local.search(["Troy", "zebra"], 3)}  # exact: JSON round trip
     # return_scores false: bare documents (Search-R1's own server crashes here), and topk falls back to 3
     status, answer = post(server + "/retrieve", {"queries": ["France capital city"], "return_scores": False})
     assert status == 200 and answer == {"result": [[h["document"] for h in local.search(["France capital city"])[0]]]}
@@ -1101,7 +1110,7 @@ def test_client_gives_up_on_a_silent_server_warning_on_each_try(capsys):
     assert re.search(r"failed after 3 tries in \d+\.\d s \(last: no answer in 0\.3 s\)", message), message
     assert "python retriever.py serve --corpus CORPUS --port" in message and "--retriever-timeout SECONDS" in message
     default = RemoteRetriever(url)
-    assert (default.timeout, default.retries) == (30.0, 2)  # 93 s at most before the error, not 247 s
+    assert (default.timeout, default.retries) == (30.0, 2)  # exact: defaults; 93 s at most before the error
     with pytest.raises(ValueError, match="--retriever-timeout"):
         RemoteRetriever(url, timeout=0)
 
@@ -1110,8 +1119,8 @@ def test_make_retriever_passes_its_timeout_on(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(RemoteRetriever, "search", lambda self, queries, topk=3: seen.append(self.timeout) or [[]])
     path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
-    assert make_retriever(path, "http://127.0.0.1:9/retrieve", timeout=2.5).timeout == 2.5
-    assert seen == [2.5]  # the start-up check query already uses it
+    assert make_retriever(path, "http://127.0.0.1:9/retrieve", timeout=2.5).timeout == 2.5  # exact: a setting
+    assert seen == [2.5]  # exact: a setting; the start-up check query already uses it
 
 
 def test_make_retriever_local_and_remote(server, tmp_path):
@@ -1121,7 +1130,7 @@ def test_make_retriever_local_and_remote(server, tmp_path):
     assert str(local) == "7 passages (BM25 lucene, english analyzer, sparse engine)"
     assert str(make_retriever(path, bm25="okapi")) == "7 passages (BM25 okapi, words analyzer, rank_bm25 engine)"
     remote = make_retriever(path, server + "/retrieve")
-    assert isinstance(remote, RemoteRetriever) and remote(["Troy"]) == local(["Troy"])
+    assert isinstance(remote, RemoteRetriever) and remote(["Troy"]) == local(["Troy"])  # exact: JSON round trip
 
 
 def test_serve_cli_bad_corpus_is_one_line():
@@ -1161,7 +1170,7 @@ def test_bm25_flag_in_every_entry_point(tmp_path):
         assert line.startswith("serving 7 passages (BM25 okapi, words analyzer, rank_bm25 engine) at "), line
         queries = ["France capital city", "Paris Paris", "is the a"]
         expected = BM25Retriever(TOY, bm25="okapi").search(queries, 5)
-        assert RemoteRetriever(line.split(" at ")[-1].strip()).search(queries, 5) == expected
+        assert RemoteRetriever(line.split(" at ")[-1].strip()).search(queries, 5) == expected  # exact: same code
         assert expected != BM25Retriever(TOY).search(queries, 5)  # the flag did reach the server
     finally:
         server.terminate()
@@ -1193,10 +1202,11 @@ def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant):
         scores = index.get_scores(q)
         for k in (1, 3, 10):
             order, top = index.top(q, k)
-            assert order.tolist() == top_k(scores, k).tolist() and np.array_equal(top, scores[order]), (q, k)
+            assert order.tolist() == top_k(scores, k).tolist() and \
+                np.array_equal(top, scores[order]), (q, k)  # exact: ids; scores bit for bit, the claim
     assert paths["dense"] >= 5 and paths["postings"] >= 200, paths  # both paths were checked
     hits = retriever.search(["Lyon"], topk=5)[0]
-    assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]
+    assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]  # exact: tie
 
 
 def test_scale_benchmark_runs_and_finds_the_same_hits():

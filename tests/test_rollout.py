@@ -105,7 +105,7 @@ class ScriptedPolicy(LogitsProcessor):
     def __call__(self, input_ids, scores):
         n, width = input_ids.shape
         same_call = (self.prev is not None and self.prev.shape == (n, width - 1)
-                     and torch.equal(self.prev, input_ids[:, :-1]))
+                     and torch.equal(self.prev, input_ids[:, :-1]))  # exact: token ids
         if not same_call:  # first step of a new generate call: every row starts a turn here
             self.calls += 1
             self.start = width
@@ -541,8 +541,8 @@ def test_p9_p10_eos_kept_mixed_lengths_no_padding(tok, model, pad_is_eos):
     ids, att = seen[1]
     for row, ctx in zip(range(2), [a.prompt_ids + short + inv, b.prompt_ids + long[:max_new] + inv]):
         assert att[row].sum().item() == len(ctx)
-        assert ids[row, -len(ctx):].tolist() == ctx
-    assert ids[0, -len(inv) - 1].item() == eos and att[0, -len(inv) - 1].item() == 1
+        assert ids[row, -len(ctx):].tolist() == ctx  # exact: token ids
+    assert ids[0, -len(inv) - 1].item() == eos and att[0, -len(inv) - 1].item() == 1  # exact: token ids
 
 
 def test_p9_final_turn_ending_on_eos(tok, model):
@@ -568,7 +568,7 @@ def test_p9_searchr1_pad_value_mask_erases_eos(model):
     T = batch["loss_mask"].shape[1]
     resp = batch["input_ids"][:, -T:]  # [B, T] right-padded responses
     k = len(short) - 1  # row 0's EOS
-    assert resp[0, k].item() == eos and batch["loss_mask"][0, k] == 1  # ours: the EOS is trained (by position)
+    assert resp[0, k].item() == eos and batch["loss_mask"][0, k] == 1  # exact: token ids; ours: the EOS is trained
     assert batch["attention_mask"][0, -T + k] == 1
 
     def searchr1_mask(ids, info_mask):  # tensor_helper.create_attention_mask: ids != pad, times the info mask
@@ -576,8 +576,8 @@ def test_p9_searchr1_pad_value_mask_erases_eos(model):
 
     theirs = searchr1_mask(resp, batch["loss_mask"])
     assert theirs[0, k] == 0  # the real EOS is erased from the loss
-    assert not torch.equal(theirs, batch["loss_mask"])
-    assert torch.equal(theirs[resp != pad], batch["loss_mask"][resp != pad])  # they differ only on the pad/eos id
+    assert not torch.equal(theirs, batch["loss_mask"])  # exact: 0/1 masks
+    assert torch.equal(theirs[resp != pad], batch["loss_mask"][resp != pad])  # exact: 0/1 masks, apart on pad/eos
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -777,14 +777,14 @@ def test_valid_search_count_includes_the_final_turns_search_and_sets_the_ma_beta
     args = train.parse_args(["--llds-ma", "code", "--llds", "0.2", "--llds-ma-weight", "0.2"])
     batch = policy.collate([e1], tok.pad_token_id)
     weight, m = train.llds_ma_weight([e1], batch["answer_mask"], args)
-    assert m["llds/ma_beta"] == 1.0 and m["llds/answer_weight"] == pytest.approx(0.2)  # executed count: beta 0
+    assert m["llds/ma_beta"] == pytest.approx(1.0) and m["llds/answer_weight"] == pytest.approx(0.2)  # executed: 0
     # both trajectories: V = (2 + 1) / 2 = 1.5 -> beta 0.5 on e2's answer span (the executed count, 1.0, gives 0)
     batch = policy.collate(eps, tok.pad_token_id)
     weight, m = train.llds_ma_weight(eps, batch["answer_mask"], args)
     assert m["llds/ma_beta"] == pytest.approx(0.5)
     span = batch["answer_mask"] > 0
     assert span[1].sum() == len(ans) and not span[0].any()
-    assert (weight[span] == 0.5).all() and (weight[~span] == 1.0).all()
+    assert torch.allclose(weight[span], torch.tensor(0.5)) and torch.allclose(weight[~span], torch.tensor(1.0))
     assert train.llds_ma_weight(eps, batch["answer_mask"], train.parse_args([]))[0] is None  # --llds-ma off
 
 
@@ -1068,6 +1068,6 @@ def test_p17_checkpoint_generation_config_ignored(tok, model):
     a = enc(tok, "<answer> Paris </answer>")
     run(m, tok, {Q1: [a]}, {Q1: ["Paris"]}, max_turns=0, temperature=1.0, top_p=0.95)
     (cfg,) = captured
-    assert cfg.do_sample and cfg.temperature == 1.0 and cfg.top_p == 0.95
-    assert cfg.top_k in (0, None) and cfg.repetition_penalty in (1.0, None)
+    assert cfg.do_sample and cfg.temperature == 1.0 and cfg.top_p == 0.95  # exact: settings passed on
+    assert cfg.top_k in (0, None) and cfg.repetition_penalty in (1.0, None)  # exact: settings
 

@@ -155,7 +155,7 @@ def _ratio_is_one(model, tok, temperature):
     for i in range(0, len(eps), 2):
         logp, _ = response_logp(model, batch, slice(i, i + 2), temperature, len(tok), with_entropy=True)
         ratio = torch.exp(logp.detach() - old[i:i + 2]) * batch["loss_mask"][i:i + 2]
-        assert torch.equal(ratio, batch["loss_mask"][i:i + 2])
+        assert torch.equal(ratio, batch["loss_mask"][i:i + 2])  # exact: the same forward of the same rows, twice
     # and the log-probs are those of the temperature-scaled policy: at T=1 they differ
     other = batch_logp(model, batch, 2, 1.0, len(tok))
     assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
@@ -226,8 +226,8 @@ def test_p10_loss_mask_ends_at_first_eos_or_true_length():
 
     b = collate([E(ids) for ids, _ in kept], pad)
     n = len(words)
-    assert b["loss_mask"].tolist() == [[1.0] * 3 + [0.0] * (n - 3), [1.0] * n, [1.0] + [0.0] * (n - 1)]
-    assert b["attention_mask"][:, 2:].tolist() == b["loss_mask"].tolist()  # no pad and no post-EOS token attended
+    assert b["loss_mask"].tolist() == [[1.0] * 3 + [0.0] * (n - 3), [1.0] * n, [1.0] + [0.0] * (n - 1)]  # exact: 0/1
+    assert b["attention_mask"][:, 2:].tolist() == b["loss_mask"].tolist()  # exact: 0/1 masks; no pad, no post-EOS
 
 
 def test_p18_load_policy_turns_dropout_off(tmp_path):
@@ -236,7 +236,7 @@ def test_p18_load_policy_turns_dropout_off(tmp_path):
     build_model(tok, seed=0, dropout=0.5).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     model, tok2, _ = load_policy(str(tmp_path), "float32", "cpu")
-    assert model.config.attention_dropout == 0.5 and not model.training
+    assert model.config.attention_dropout == 0.5 and not model.training  # exact: a setting, saved and loaded
     assert not any(m.training for m in model.modules())
 
     class E:
@@ -246,10 +246,10 @@ def test_p18_load_policy_turns_dropout_off(tmp_path):
     batch = collate([E(), E()], tok2.pad_token_id)
     lp = lambda: response_logp(model, batch, slice(0, 2), 1.0, len(tok2))[0].detach()  # noqa: E731
     a = lp()
-    assert torch.equal(a, lp())  # ratio exactly 1 on-policy
+    assert torch.equal(a, lp())  # exact: the same pass twice in one process: ratio exactly 1 on-policy
     model.train()  # control: with dropout active the same pass is not reproducible (the test has teeth)
     torch.manual_seed(0)
-    assert not torch.equal(a, lp())
+    assert not torch.equal(a, lp())  # exact: any difference at all shows dropout acting
     model.eval()
 
 
@@ -268,8 +268,8 @@ def test_p24_eval_subset_is_fixed_and_seeded():
     assert select(rows, 5, seed=0) != select(rows, 5, seed=1)
     assert select(rows, 0, seed=0) == rows and select(rows, 500, seed=0) == rows
     table = score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0}, {"data_source": "b", "em": 1.0}])
-    assert table["a"] == {"em": 0.5, "n": 2} and table["b"] == {"em": 1.0, "n": 1}
-    assert table["average"] == {"em": 0.75, "n": 3}  # unweighted mean over sources, as the paper's Avg
+    assert table["a"] == pytest.approx({"em": 0.5, "n": 2}) and table["b"] == pytest.approx({"em": 1.0, "n": 1})
+    assert table["average"] == pytest.approx({"em": 0.75, "n": 3})  # unweighted mean over sources, as the paper's Avg
 
 
 def teach_to_search(path, questions, steps=60):
@@ -329,8 +329,9 @@ def test_train_same_rewards_in_process_and_served(files):
         server.terminate()
         server.wait(timeout=10)
     (local_metrics, local_rollouts), (served_metrics, served_rollouts) = runs["in_process"], runs["served"]
-    assert [m["rollout/reward"] for m in local_metrics] == [m["rollout/reward"] for m in served_metrics]
-    assert local_metrics == served_metrics and local_rollouts == served_rollouts
+    rewards = [[m["rollout/reward"] for m in ms] for ms in (local_metrics, served_metrics)]
+    assert rewards[0] == rewards[1]  # exact: one seeded run twice on this machine, the same code on the same passages
+    assert local_metrics == served_metrics and local_rollouts == served_rollouts  # exact: the same run, twice
     assert any(m["rollout/searches_per_traj"] > 0 for m in local_metrics)  # the retriever was used ...
     assert "<information>Doc 1(Title:" in local_rollouts  # ... and found passages
     assert any(rec["searches"] and "<information>Doc 1(Title:" in rec["text"] for rec in records)
@@ -425,7 +426,7 @@ def test_resume_is_exact(files, monkeypatch):
             assert same_value(a[k], b[k]), (a["step"], k, a[k], b[k])
     w_full = load_file(files["dir"] / "full" / "checkpoints" / "step_000003" / "model.safetensors")
     w_res = load_file(files["dir"] / "cut" / "checkpoints" / "step_000003" / "model.safetensors")
-    assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
+    assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)  # exact: a resume reruns the same code, bit for bit
     assert full[2]["grpo/lr"] != full[0]["grpo/lr"]  # the schedule was live
 
 
@@ -468,7 +469,8 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
             logits = fresh(**p["kwargs"]).logits
         torch.testing.assert_close(logits, p["logits"], atol=1e-3, rtol=0, msg=f"forward {i}")
     policy = [p for p in passes if p["model"] is passes[0]["model"]]
-    moved = [p for p in policy if not torch.equal(p["state"]["lm_head.weight"], policy[0]["state"]["lm_head.weight"])]
+    moved = [p for p in policy  # exact: any change of the weights counts as moved
+             if not torch.equal(p["state"]["lm_head.weight"], policy[0]["state"]["lm_head.weight"])]
     assert len(moved) == 2 + 4  # the second mini-batch and the after pass saw updated weights
 
 
@@ -549,7 +551,7 @@ def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch
     monkeypatch.setattr(train, "make_retriever", fake)
     with pytest.raises(SystemExit, match="stop here"):
         train_in_process(files, files["dir"] / "bm25_flag", "--bm25", "okapi", "--retriever-timeout", "7")
-    assert seen["bm25"] == "okapi" and seen["timeout"] == 7.0 and seen["corpus"] == files["corpus"]
+    assert seen["bm25"] == "okapi" and seen["timeout"] == 7.0 and seen["corpus"] == files["corpus"]  # exact: settings
 
 
 # Issue 16: the memory plan at start-up, --gen-batch-size auto from a fake free-memory figure
