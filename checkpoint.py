@@ -288,6 +288,8 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__.strip().splitlines()[-1].strip())
     run = Path(sys.argv[1])
+    if not run.is_dir():
+        raise SystemExit(f"error: {run}: no such run folder" + (" (a file)" if run.exists() else ""))
     for step, folder in checkpoints(run):
         print(f"step {step:>6}  {folder}  {verify(folder) or 'complete'}")
     chosen = latest(run, warn=lambda _: None)

@@ -366,3 +366,14 @@ def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
     assert lines[0].startswith("step      1 ") and lines[0].endswith("complete")
     assert lines[1].startswith("step      2 ") and "weights.bin" in lines[1] and not lines[1].endswith("complete")
     assert lines[2] == f"--resume {tmp_path} continues from: {checkpoint.step_dir(tmp_path, 1)}"
+
+
+def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
+    """`python checkpoint.py no/such/dir` said "continues from: nothing" and exited 0, as for a run that saved
+    nothing yet: a typo looked like an empty run. It fails with one line naming the folder."""
+    (tmp_path / "file").write_text("")
+    for missing, why in ((tmp_path / "no" / "such" / "dir", "no such run folder"),
+                         (tmp_path / "file", "no such run folder (a file)")):
+        r = subprocess.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr == f"error: {missing}: {why}\n", r
