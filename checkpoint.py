@@ -86,6 +86,25 @@ def verify(folder) -> str | None:
     return None
 
 
+def enclosing_checkpoint(path) -> Path | None:
+    """The checkpoints/step_N folder `path` is, or lies inside (the next save of its run may delete it), else None."""
+    for p in (Path(path).resolve(), *Path(path).resolve().parents):
+        if STEP_RE.match(p.name) and p.parent.name == "checkpoints":
+            return p
+    return None
+
+
+def folder_problem(path) -> str | None:
+    """None if `path` is a folder we may write into, or one that mkdir -p could make; else why not, in a few words
+    (the path or a parent of it is a file, or the nearest existing folder is not writable). Writes nothing."""
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file, not a folder"
+            return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
+    return None
+
+
 def checkpoints(out_dir) -> list[tuple[int, Path]]:
     """(step, folder) of every step_N folder under OUT_DIR/checkpoints, complete or not, oldest first."""
     root = Path(out_dir) / "checkpoints"

@@ -42,10 +42,11 @@ def world_files(world: Path) -> dict:
 
 
 def evaluate_on_test(model: Path, files: dict, out: Path) -> float:
-    """Greedy EM of `model` on every test question (evaluate.py, unchanged), cached in `out`."""
+    """Greedy EM of `model` on every test question (evaluate.py, unchanged), cached in `out`. A killed evaluation's
+    records (eval.jsonl.partial, without eval.json) are replaced."""
     if not out.is_file():
         evaluate.main(["--model", str(model), "--data", str(files["test"]), "--corpus", str(files["corpus"]), *EVAL,
-                       "--out", str(out)])
+                       "--out", str(out), "--overwrite"])
     records = json.loads(out.read_text())["records"]
     return sum(r["em"] for r in records) / len(records)
 

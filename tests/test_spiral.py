@@ -34,3 +34,22 @@ def test_no_collapse_when_reward_holds_or_never_started():
     assert held["collapse_step"] is None and held["lead"] is None and held["alarm_step"] == 4
     never = spiral.measures(history([0.1, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]))  # start < 0.2: nothing to lose
     assert never["collapse_step"] is None and never["final_reward"] == 0.0
+
+
+def test_a_killed_evaluation_is_run_again(tmp_path):
+    """evaluate.py keeps an earlier evaluation's files unless --overwrite: the records a killed evaluation left
+    (eval.jsonl.partial, no eval.json) must not stop spiral.py's rerun, which evaluates the run again."""
+    import json
+
+    from retriever import DEMO_CORPUS
+    from tiny import save_tiny
+
+    files = {"test": tmp_path / "test.jsonl", "corpus": tmp_path / "corpus.jsonl"}
+    files["test"].write_text("".join(json.dumps({"question": f"Where is thing {i}", "golden_answers": ["Paris"]}) + "\n"
+                                     for i in range(2)))
+    files["corpus"].write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
+    out = tmp_path / "eval.json"
+    (tmp_path / "eval.jsonl.partial").write_text(json.dumps({"question": "Where is thing 0", "em": 0.0}) + "\n")
+    em = spiral.evaluate_on_test(Path(save_tiny(tmp_path / "model")), files, out)
+    assert 0.0 <= em <= 1.0 and len(json.loads(out.read_text())["records"]) == 2
+    assert not (tmp_path / "eval.jsonl.partial").exists()
