@@ -259,20 +259,25 @@ def prepare_out_dir(out_dir: Path, clear: bool, args: dict):
     atomic_write(out_dir / "args.json", json.dumps(args, indent=2))
 
 
-def resume_note(out_dir: Path) -> str:
-    """One sentence: where a rerun with --resume continues from."""
+def resume_note(out_dir: Path, rerun: str = "") -> str:
+    """One sentence: where a rerun with --resume continues from. rerun: the command that continues the run when it is
+    not train.py's own with --resume (spiral.py: "the same spiral.py command")."""
     found = latest(out_dir, warn=lambda _: None)
-    return f"--resume {out_dir} continues from {found}." if found else "No checkpoint was saved yet."
+    if not found:
+        return "No checkpoint was saved yet."
+    return f"Continue with {rerun}: it resumes from {found}." if rerun else \
+        f"--resume {out_dir} continues from {found}."
 
 
 @contextlib.contextmanager
-def io_errors_stop_the_run(out_dir: Path):
+def io_errors_stop_the_run(out_dir: Path, rerun: str = ""):
     """An OSError during the run (disk full or read-only, a retrieval server that stopped answering) ends it with one
-    line saying what failed and where --resume continues from, not a traceback. Nothing already saved is touched."""
+    line saying what failed and where a rerun continues from (resume_note), not a traceback. Nothing already saved is
+    touched."""
     try:
         yield
     except OSError as err:
-        raise SystemExit(f"error: {err}. {resume_note(out_dir)}") from None
+        raise SystemExit(f"error: {err}. {resume_note(out_dir, rerun)}") from None
 
 
 @contextlib.contextmanager

@@ -377,3 +377,30 @@ def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
         r = subprocess.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 1 and r.stdout == "" and r.stderr == f"error: {missing}: {why}\n", r
+
+
+def test_ctrl_c_advice_fits_the_command_that_runs_train(files, monkeypatch, capsys):
+    """train.main(args, rerun=...) (scripts/spiral.py) says how *that* command continues: spiral.py resumes its runs
+    itself, and "--resume RUN" was advice for train.py only. Without rerun the advice is train.py's, as before."""
+    import train as train_py
+
+    real_rollout = train_py.rollout
+
+    def rollout(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in step 1
+        return real_rollout(*a, **kw)
+
+    monkeypatch.setattr(train_py, "rollout", rollout)
+    out = files["dir"] / "ckpt_rerun"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(SystemExit):
+            train_py.main(train_py.parse_args(train_args(files, out, "--steps", "3")), rerun="the same spiral.py command")
+    finally:
+        torch.set_num_threads(n)
+    printed = capsys.readouterr().out
+    assert "stopped after step 1; continue with the same spiral.py command\n" in printed and "--resume" not in printed
+    assert checkpoint.resume_note(out, "the same spiral.py command") == (
+        f"Continue with the same spiral.py command: it resumes from {checkpoint.step_dir(out, 1)}.")
+    assert checkpoint.resume_note(out) == f"--resume {out} continues from {checkpoint.step_dir(out, 1)}."
