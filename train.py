@@ -115,7 +115,8 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gen_batch_size": (lambda v: v == "auto" or v.isdigit() and int(v) >= 1, "an integer >= 1 or auto"),
+    "gen_batch_size": (lambda v: v == "auto" or re.fullmatch(r"[0-9]+", v) is not None and int(v) >= 1,
+                       "an integer >= 1 or auto"),  # not str.isdigit: it takes "²", which int() does not
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
