@@ -557,8 +557,8 @@ class BM25Retriever:
                 old.unlink(missing_ok=True)
             retriever.bm25.save(file)
         except OSError as err:
-            print(f"warning: BM25 index cache not written ({err.strerror or err}: {err.filename or file}); going on "
-                  "without it (the next run indexes this corpus again)", file=sys.stderr)
+            print(f"warning: BM25 index cache not written to {file.parent} ({err.strerror or err}); going on without "
+                  "it (the next run indexes this corpus again)", file=sys.stderr)
         return retriever
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
