@@ -471,6 +471,7 @@ def main(argv=None):
     try:
         evaluate_rows(rows, args, model, tokenizer, retriever, records, records_out, bar)
     except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
+        bar.close()  # the line below starts a line of its own
         raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {partial}") from None
     bar.close()
     records_out.close()
