@@ -115,8 +115,7 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gen_batch_size": (lambda v: v == "auto" or re.fullmatch(r"[0-9]+", v) is not None and int(v) >= 1,
-                       "an integer >= 1 or auto"),  # not str.isdigit: it takes "²", which int() does not
+    "gen_batch_size": (lambda v: v == "auto" or v.isdecimal() and int(v) >= 1, "an integer >= 1 or auto"),
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
@@ -324,9 +323,7 @@ def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int,
 
 
 def main(args: Args, rerun: str = ""):
-    """Run the training loop of the module docstring with `args`. rerun: the command that continues this run after
-    Ctrl-C or an error, for the lines that say so, when it is not this one with --resume OUT_DIR (scripts/spiral.py:
-    "the same spiral.py command", which resumes an unfinished run itself)."""
+    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not --resume OUT_DIR."""
     rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
                                                                            "--mini-batch-size": args.mini_batch_size})
     ckpt, state, rows, retriever, model, tokenizer, device, ref_model, gen_rows = load_run(args, rank, world, device)
@@ -346,8 +343,7 @@ def main(args: Args, rerun: str = ""):
     generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,  # sampling, as the code
                                           temperature=args.temperature, top_p=args.top_p, batch_size=gen_rows)
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
-    with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
-          checkpoint.io_errors_stop_the_run(out_dir, rerun)):
+    with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir, rerun):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = time.time()
             prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
@@ -389,11 +385,9 @@ def main(args: Args, rerun: str = ""):
                                         "history": history, "scheduler": scheduler.state_dict()}, args.keep_checkpoints)
                 print0(f"saved {saved}") if saved else None
             if stopping:
-                print0(f"stopped after step {step}; continue with "
-                       f"{rerun or f'the same command and --resume {out_dir}'}")
+                print0(f"stopped after step {step}. {checkpoint.resume_note(out_dir, rerun)}")
                 raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
-    if rank == 0:
-        shutil.rmtree(out_dir / ".ref", ignore_errors=True)
+    shutil.rmtree(out_dir / ".ref", ignore_errors=True) if rank == 0 else None
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -400,7 +400,8 @@ def test_ctrl_c_advice_fits_the_command_that_runs_train(files, monkeypatch, caps
     finally:
         torch.set_num_threads(n)
     printed = capsys.readouterr().out
-    assert "stopped after step 1; continue with the same spiral.py command\n" in printed and "--resume" not in printed
+    assert (f"stopped after step 1. Continue with the same spiral.py command: it resumes from "
+            f"{checkpoint.step_dir(out, 1)}.\n") in printed and "--resume" not in printed
     assert checkpoint.resume_note(out, "the same spiral.py command") == (
         f"Continue with the same spiral.py command: it resumes from {checkpoint.step_dir(out, 1)}.")
     assert checkpoint.resume_note(out) == f"--resume {out} continues from {checkpoint.step_dir(out, 1)}."
