@@ -112,3 +112,24 @@ def test_a_file_for_a_folder_is_one_line(tmp_path, capsys, flag):
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and err[-1].endswith(f"error: {flag} {tmp_path}/file: {tmp_path}/file is a file, "
                                                      "not a folder"), err
+
+
+def test_ctrl_c_outside_a_training_step_is_one_line(tmp_path):
+    """Ctrl-C while spiral.py builds the world or evaluates (or a second Ctrl-C inside train.py) was a KeyboardInterrupt
+    traceback; it is one line saying that the same command continues."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "spiral.py"), "--world", str(tmp_path / "world"),
+                             "--out", str(tmp_path / "grid")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout.readline().startswith("building the world")  # inside main, building
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("interrupted. Continue with the same spiral.py command: finished runs are "
+                                            "kept and an unfinished one resumes from its newest complete checkpoint")
