@@ -86,6 +86,25 @@ def verify(folder) -> str | None:
     return None
 
 
+def enclosing_checkpoint(path) -> Path | None:
+    """The checkpoints/step_N folder `path` is, or lies inside (the next save of its run may delete it), else None."""
+    for p in (Path(path).resolve(), *Path(path).resolve().parents):
+        if STEP_RE.match(p.name) and p.parent.name == "checkpoints":
+            return p
+    return None
+
+
+def folder_problem(path) -> str | None:
+    """None if `path` is a folder we may write into, or one that mkdir -p could make; else why not, in a few words
+    (the path or a parent of it is a file, or the nearest existing folder is not writable). Writes nothing."""
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file, not a folder"
+            return None if os.access(p, os.W_OK | os.X_OK) else f"{p} is not writable"
+    return None
+
+
 def checkpoints(out_dir) -> list[tuple[int, Path]]:
     """(step, folder) of every step_N folder under OUT_DIR/checkpoints, complete or not, oldest first."""
     root = Path(out_dir) / "checkpoints"
@@ -240,20 +259,25 @@ def prepare_out_dir(out_dir: Path, clear: bool, args: dict):
     atomic_write(out_dir / "args.json", json.dumps(args, indent=2))
 
 
-def resume_note(out_dir: Path) -> str:
-    """One sentence: where a rerun with --resume continues from."""
+def resume_note(out_dir: Path, rerun: str = "") -> str:
+    """One sentence: where a rerun with --resume continues from. rerun: the command that continues the run when it is
+    not train.py's own with --resume (spiral.py: "the same spiral.py command")."""
     found = latest(out_dir, warn=lambda _: None)
-    return f"--resume {out_dir} continues from {found}." if found else "No checkpoint was saved yet."
+    if not found:
+        return "No checkpoint was saved yet."
+    return f"Continue with {rerun}: it resumes from {found}." if rerun else \
+        f"--resume {out_dir} continues from {found}."
 
 
 @contextlib.contextmanager
-def io_errors_stop_the_run(out_dir: Path):
+def io_errors_stop_the_run(out_dir: Path, rerun: str = ""):
     """An OSError during the run (disk full or read-only, a retrieval server that stopped answering) ends it with one
-    line saying what failed and where --resume continues from, not a traceback. Nothing already saved is touched."""
+    line saying what failed and where a rerun continues from (resume_note), not a traceback. Nothing already saved is
+    touched."""
     try:
         yield
     except OSError as err:
-        raise SystemExit(f"error: {err}. {resume_note(out_dir)}") from None
+        raise SystemExit(f"error: {err}. {resume_note(out_dir, rerun)}") from None
 
 
 @contextlib.contextmanager
@@ -288,6 +312,8 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__.strip().splitlines()[-1].strip())
     run = Path(sys.argv[1])
+    if not run.is_dir():
+        raise SystemExit(f"error: {run}: no such run folder" + (" (a file)" if run.exists() else ""))
     for step, folder in checkpoints(run):
         print(f"step {step:>6}  {folder}  {verify(folder) or 'complete'}")
     chosen = latest(run, warn=lambda _: None)

@@ -16,12 +16,17 @@ questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them
     python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki18.jsonl --compare-paper 3B-Base
 
 Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
-(--out, default <model folder>/eval.json or eval.json). The records also go to the .jsonl beside it (eval.jsonl) as
-they are produced, so an evaluation that stops early keeps what it scored; --out is checked before anything runs.
+(--out, default <model folder>/eval.json; RUN/eval_step_N.json for a RUN/checkpoints/step_N folder, which the run's next
+save may delete; ./eval.json for a hub id) and the records to the .jsonl beside it (eval.jsonl). While it runs, the
+records go to eval.jsonl.partial as they are produced, so an evaluation that stops early keeps what it scored; both
+files are in place only once it is complete. --out is checked before anything is read or written: never an input file
+(--data, --corpus, the model's files), never inside a checkpoint folder, and an earlier evaluation is replaced only
+with --overwrite (and kept until the new one is complete).
 """
 
 import argparse
 import json
+import os
 import random
 import re
 import time
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from checkpoint import atomic_write
+from checkpoint import STEP_RE, atomic_write, enclosing_checkpoint, folder_problem
 from engine import GENERATORS
 from policy import load_policy
 from retriever import BM25_VARIANTS, make_retriever, passage_title
@@ -307,6 +312,68 @@ def compare_lines(table: dict, which: str = "") -> list[str]:
 # Evaluation
 
 
+def default_out(model: str) -> Path:
+    """--out when unset: eval.json in the model folder; for a checkpoints/step_N folder (the run's next save may delete
+    it) eval_step_N.json in its run folder; ./eval.json for a hub id or a .gguf file."""
+    path = Path(model)
+    if not path.is_dir():
+        return Path("eval.json")
+    ckpt = enclosing_checkpoint(path)
+    return ckpt.parent.parent / f"eval_step_{int(STEP_RE.match(ckpt.name)[1])}.json" if ckpt else path / "eval.json"
+
+
+def earlier_evaluation(path: Path) -> bool:
+    """Whether the existing file `path` is one evaluate.py wrote: an --out JSON (it opens with its "model" key) or a
+    records .jsonl (its first line a record with "question" and "em"; empty: a run stopped before its first batch)."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(12)
+            f.seek(0)
+            head = f.readline(1 << 20)  # a longer first line is no record of ours (json.loads fails on its cut)
+        if start == b'{\n "model": ':  # json.dumps(..., indent=1) of main's dict
+            return True
+        if not head.strip():
+            return True
+        record = json.loads(head)
+        return isinstance(record, dict) and {"question", "em"} <= set(record)
+    except (OSError, ValueError):
+        return False
+
+
+def output_problem(out: Path, records: Path, partial: Path, args) -> str | None:
+    """Why evaluate.py must not write `out`, its `records` .jsonl or their `partial` copy (one line), else None; reads
+    and writes nothing else. Never over an input (a --data or --corpus file, --model or a file of its folder that is
+    not an earlier evaluation), never inside a checkpoints/step_N folder, never over any other file; an earlier
+    evaluation only with --overwrite; and the folder must be writable."""
+    inputs = {}
+    for flag, paths in (("--data", args.data), ("--corpus", [args.corpus]), ("--model", [args.model])):
+        for name in paths:
+            files = [Path(name)] if Path(name).is_file() else []
+            if flag == "--model" and Path(name).is_dir():  # its weights, tokenizer, config, a run's args.json, ...
+                files = [f for f in Path(name).iterdir() if f.is_file() and not earlier_evaluation(f)]
+            inputs |= {f.resolve(): f"the {flag} file {f}" for f in files}
+    earlier = []
+    for path in (out, records, partial):
+        name = f"--out {out}" + ("" if path == out else f": its records file {path}")
+        if path.resolve() in inputs:
+            return f"{name} is {inputs[path.resolve()]}: evaluate.py never writes over its inputs; choose another --out"
+        if ckpt := enclosing_checkpoint(path):
+            return (f"--out {out} lies inside the checkpoint folder {ckpt}, which its run's next save may delete; "
+                    f"write it to the run folder (the default: {default_out(str(ckpt))})")
+        if path.is_dir():
+            return f"{name} is a folder; --out names the JSON file to write"
+        if path.exists():
+            if not earlier_evaluation(path):
+                return f"{name} exists and is no evaluation evaluate.py wrote: refusing to replace it; choose " \
+                       "another --out"
+            earlier.append(str(path))
+    if earlier and not args.overwrite:
+        return (f"--out {out}: an earlier evaluation is there ({', '.join(earlier)}): pass --overwrite to replace it "
+                "once the new one is complete, or choose another --out")
+    problem = folder_problem(out.parent)
+    return f"--out {out}: cannot write there ({problem})" if problem else None
+
+
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
     """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
     written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
@@ -360,7 +427,10 @@ def main(argv=None):
                     "hf-kv (KV caches kept across turns; engine.py); greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
-    ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json (or ./eval.json for a hub id)")
+    ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json, RUN/eval_step_N.json for a "
+                    "RUN/checkpoints/step_N folder, or ./eval.json for a hub id")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier evaluation at --out (the old files stay until the new one is complete)")
     args = ap.parse_args(argv)
     for flag, low in (("limit", 0), ("max_turns", 0), ("max_new_tokens", 1), ("max_obs_tokens", 1), ("topk", 1),
                       ("batch_size", 1)):
@@ -372,9 +442,11 @@ def main(argv=None):
         ap.error(f"--dtype must be auto, float32 or bfloat16, got {args.dtype!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device; use --device cpu")
-    model_dir = Path(args.model)
-    out = Path(args.out) if args.out else (model_dir / "eval.json" if model_dir.is_dir() else Path("eval.json"))
+    out = Path(args.out) if args.out else default_out(args.model)
     records_file = out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
+    partial = records_file.with_name(records_file.name + ".partial")  # the records while they are produced
+    if problem := output_problem(out, records_file, partial, args):  # before anything is read or written
+        raise SystemExit(f"error: {problem}")
 
     try:  # bad input: one clear line naming the file/line/field
         if not args.data and not args.benchmarks:
@@ -382,16 +454,16 @@ def main(argv=None):
         sets = [load_questions(d, args.split) for d in args.data]
         sets += [load_benchmark(b) for b in (benchmark_names(args.benchmarks) if args.benchmarks else [])]
         rows = [r for s in sets for r in select(s, args.limit, args.seed)]
-        try:  # before the model loads: an unwritable --out would lose the whole evaluation at the end
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
+        model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
+        check_obs_budget(tokenizer, args.max_obs_tokens)
+        try:  # the inputs are checked: the first write, before any question is scored
             out.parent.mkdir(parents=True, exist_ok=True)
-            records_out = open(records_file, "w", encoding="utf-8")
+            records_out = open(partial, "w", encoding="utf-8")
         except OSError as err:
             why = f"{err.filename} is not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
                 else f"{err.strerror}: {err.filename}"
             raise ValueError(f"--out {out}: cannot write there ({why})") from None
-        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
-        model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
-        check_obs_budget(tokenizer, args.max_obs_tokens)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -399,7 +471,8 @@ def main(argv=None):
     try:
         evaluate_rows(rows, args, model, tokenizer, retriever, records, records_out, bar)
     except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
-        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {records_file}") from None
+        bar.close()  # the line below starts a line of its own
+        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {partial}") from None
     bar.close()
     records_out.close()
 
@@ -414,12 +487,14 @@ def main(argv=None):
             which = row or ""
         print("\n" + "\n".join(compare_lines(table, which)))
 
-    try:
+    try:  # the JSON, then the records: an earlier evaluation's files are replaced only now, each by one rename
         atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
                                       "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
                                       "scores": table, "records": records}, indent=1))  # never half a JSON file
+        os.replace(partial, records_file)
     except OSError as err:
-        raise SystemExit(f"error: cannot write {out} ({err.strerror}); the records are in {records_file}") from None
+        raise SystemExit(f"error: cannot write {out} and {records_file} ({err.strerror or err}); the records are in "
+                         f"{partial}") from None
     print(f"wrote {out} (records also in {records_file})")
 
 

@@ -418,15 +418,20 @@ class SparseBM25:
         return cand[order], sums[order]
 
     def save(self, path: Path):
-        """Write the index as one .npz, atomically (temp file in the same folder, then rename)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write the index as one .npz, atomically (temp file in the same folder, then rename). Raises OSError (a
+        read-only or full disk, a file where the folder should be) after removing the temp file."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         words = np.frombuffer("\n".join(self.vocab).encode("utf-8"), dtype=np.uint8)  # no word holds a newline
         idf = np.zeros(0, np.float32) if self.idf is None else self.idf
-        with open(tmp, "wb") as f:
-            np.savez(f, vocab=words, indptr=self.indptr, docs=self.docs, values=self.values, num_docs=self.num_docs,
-                     variant=np.array(self.variant), idf=idf)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                np.savez(f, vocab=words, indptr=self.indptr, docs=self.docs, values=self.values,
+                         num_docs=self.num_docs, variant=np.array(self.variant), idf=idf)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # no half-written index left to fill the disk
+            raise
 
     @classmethod
     def load(cls, path: Path) -> "SparseBM25":
@@ -529,7 +534,8 @@ class BM25Retriever:
                    bm25: str = "lucene", analyzer: str | None = None) -> "BM25Retriever":
         """Build the index from a jsonl corpus file (errors as `load_corpus` and __init__). The sparse index of a
         corpus of more than CACHE_ABOVE passages is read from, or written to, `cache_dir` (None: no cache), so the
-        second run over the corpus skips indexing (`index_cache_file`: one file per corpus, variant and analyzer)."""
+        second run over the corpus skips indexing (`index_cache_file`: one file per corpus, variant and analyzer). A
+        cache folder that cannot be written (read-only, full) costs one warning line on stderr, and the run goes on."""
         corpus = load_corpus(path)
         if bm25 not in BM25_VARIANTS:  # checked before the cache key is made (the first check of __init__)
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
@@ -546,9 +552,13 @@ class BM25Retriever:
         if index is not None and index.num_docs == len(corpus) and index.variant == bm25:
             return cls(corpus, k1=k1, b=b, engine="sparse", index=index, bm25=bm25, analyzer=analyzer)
         retriever = cls(corpus, k1=k1, b=b, engine="sparse", bm25=bm25, analyzer=analyzer)
-        for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus and variant's stale indexes
-            old.unlink(missing_ok=True)
-        retriever.bm25.save(file)
+        try:  # the cache is optional: a read-only or full cache folder costs the next run the indexing, nothing more
+            for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus and variant's stale ones
+                old.unlink(missing_ok=True)
+            retriever.bm25.save(file)
+        except OSError as err:
+            print(f"warning: BM25 index cache not written to {file.parent} ({err.strerror or err}); going on without "
+                  "it (the next run indexes this corpus again)", file=sys.stderr)
         return retriever
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
@@ -588,6 +598,27 @@ class BM25Retriever:
         return f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, {self.engine} engine)"
 
 
+class BadAnswer(ValueError, OSError):
+    """A /retrieve server's answer that is none: a rejected request (4xx) or a body of another shape. A ValueError by
+    meaning, and an OSError too, so that train.py and evaluate.py stop on it with one line at any step, as on a server
+    that stopped answering (checkpoint.io_errors_stop_the_run, evaluate.py's loop)."""
+
+
+def check_hits(result: list, url: str):
+    """Raise BadAnswer (one line, showing the first bad item) unless `result` holds, per query, a list of hits
+    {"document": {"contents": str, ...}, ...}: what format_passages and passage_title read."""
+    for hits in result:
+        bad = hits if not isinstance(hits, list) else next(
+            (h for h in hits if not (isinstance(h, dict) and isinstance(h.get("document"), dict)
+                                     and isinstance(h["document"].get("contents"), str))), None)
+        if bad is not None:
+            shown = json.dumps(bad, ensure_ascii=False)
+            raise BadAnswer(f"retriever at {url} answered hits of another shape: "
+                            f"{shown if len(shown) <= 120 else shown[:117] + '...'}; a /retrieve server answers, per "
+                            'query, a list of {"document": {"id", "contents"}, "score"} (Search-R1\'s, with '
+                            '"return_scores": true)')
+
+
 def check_request(queries, topk):
     """The argument checks shared by the local and the remote retriever."""
     if isinstance(queries, str):
@@ -624,7 +655,8 @@ class RemoteRetriever:
         Each failed try that is retried prints one warning line to stderr ("retriever at URL: no answer in 30 s (try 1
         of 3); retrying in 1 s"). Raises ConnectionError (one line: what failed, after how long, how to start a server,
         which flag sets the timeout) when every try failed, ValueError when the server rejects the request (4xx) or
-        answers with something that is not a /retrieve response."""
+        answers with something that is not a /retrieve response (BadAnswer, also an OSError: it stops a run with one
+        line at any step)."""
         check_request(queries, topk)
         if not queries:
             return []
@@ -638,7 +670,7 @@ class RemoteRetriever:
                 break
             except urllib.error.HTTPError as err:  # the server answered: a 4xx is our fault, never worth retrying
                 if err.code < 500:
-                    raise ValueError(f"retriever at {self.url} rejected the request: {err.code} {err.read()[:300]!r}")
+                    raise BadAnswer(f"retriever at {self.url} rejected the request: {err.code} {err.read()[:300]!r}")
                 why = f"HTTP {err.code} {err.reason}"
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:  # refused, reset,
                 why = self._describe(err)  # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
@@ -655,7 +687,8 @@ class RemoteRetriever:
             time.sleep(wait)
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
-            raise ValueError(f"retriever at {self.url} answered no 'result' list of {len(queries)} hit lists")
+            raise BadAnswer(f"retriever at {self.url} answered no 'result' list of {len(queries)} hit lists")
+        check_hits(result, self.url)
         return result
 
     def _describe(self, err: Exception) -> str:

@@ -115,7 +115,7 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gen_batch_size": (lambda v: v == "auto" or v.isdigit() and int(v) >= 1, "an integer >= 1 or auto"),
+    "gen_batch_size": (lambda v: v == "auto" or v.isdecimal() and int(v) >= 1, "an integer >= 1 or auto"),
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
@@ -323,9 +323,9 @@ def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank:
         checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
 
 
-def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args) -> int:
+def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args, rerun: str = "") -> int:
     """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at --max-bad-steps, or when
-    the update left non-finite weights or log-probs: never a checkpoint of a diverged policy."""
+    the update left non-finite weights or log-probs: never a checkpoint of a diverged policy. rerun: as main's."""
     for ok in stepped:
         bad = 0 if ok else bad + 1
     if bad >= args.max_bad_steps:
@@ -333,11 +333,12 @@ def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int,
                          f"skipped (step {step}): the policy collapsed or diverged, see {args.out_dir}/metrics.jsonl")
     if not all_finite(model, new_logp, loss_mask):
         raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs (the policy diverged; "
-                         f"--lr {args.lr:g}?); not saved. {checkpoint.resume_note(Path(args.out_dir))}")
+                         f"--lr {args.lr:g}?); not saved. {checkpoint.resume_note(Path(args.out_dir), rerun)}")
     return bad
 
 
-def main(args: Args):
+def main(args: Args, rerun: str = ""):
+    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not --resume OUT_DIR."""
     rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
                                                                            "--mini-batch-size": args.mini_batch_size})
     ckpt, state, rows, retriever, model, tokenizer, device, ref_model, gen_rows = load_run(args, rank, world, device)
@@ -357,7 +358,7 @@ def main(args: Args):
     generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,  # sampling, as the code
                                           temperature=args.temperature, top_p=args.top_p, batch_size=gen_rows)
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
-    with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir):
+    with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir, rerun):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = time.time()
             prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
@@ -392,17 +393,16 @@ def main(args: Args):
                             "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
             # 6. log and save
             log_step(step, metrics, history, episodes, adv, args, rank)
-            bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args)
+            bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args, rerun)
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:
                 saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {"order": order, "bad": bad,
                                         "history": history, "scheduler": scheduler.state_dict()}, args.keep_checkpoints)
                 print0(f"saved {saved}") if saved else None
             if stopping:
-                print0(f"stopped after step {step}; continue with the same command and --resume {out_dir}")
+                print0(f"stopped after step {step}. {checkpoint.resume_note(out_dir, rerun)}")
                 raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
-    if rank == 0:
-        shutil.rmtree(out_dir / ".ref", ignore_errors=True)
+    shutil.rmtree(out_dir / ".ref", ignore_errors=True) if rank == 0 else None
     if dist.is_initialized():
         dist.destroy_process_group()
 

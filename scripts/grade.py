@@ -152,6 +152,8 @@ def main(argv=None) -> int:
                     help="exercises to grade (default: all): " + " ".join(EXERCISES))
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed to one exercise's tests")
     args = ap.parse_args(argv)
+    if not 0 < args.timeout < float("inf"):  # 0 or less: every exercise would "time out" and score 0
+        ap.error(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
     files = sorted({f for spec in EXERCISES.values() for f, _ in spec["functions"]})
     if not args.dir.is_dir() or not all((args.dir / f).is_file() for f in files):
         print(f"error: {args.dir}: not a copy of the repository (it needs {', '.join(files)})", file=sys.stderr)

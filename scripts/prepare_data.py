@@ -85,11 +85,16 @@ def read_local(path: Path):
 
 
 def write_jsonl(path: Path, rows: list[dict]):
-    """One JSON object per line, written to a temp file and renamed: an interrupted run leaves no half file."""
+    """One JSON object per line, written to a temp file and renamed: an interrupted run leaves no half file. Raises
+    OSError (a full or read-only disk) after removing the temp file."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def main(argv=None):
@@ -101,12 +106,18 @@ def main(argv=None):
     ap.add_argument("--splits", nargs="+", default=["train", "validation"], help="hub splits")
     ap.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
     args = ap.parse_args(argv)
+    out = Path(args.out_dir)
+    if file := next((p for p in (out, *out.parents) if p.is_file()), None):  # before anything is read or downloaded
+        ap.error(f"--out-dir {out}: {file} is a file, not a folder")
 
     try:
         if args.input:
             if not all("=" in spec for spec in args.input):
                 ap.error("--input takes SPLIT=FILE pairs, e.g. validation=hotpot_dev_distractor_v1.json")
             files = {split: Path(file) for split, file in (spec.split("=", 1) for spec in args.input)}
+            written = [out / "corpus.jsonl", *(out / f"hotpotqa_{split}.jsonl" for split in files)]
+            if same := next((f for f in files.values() if f.resolve() in {w.resolve() for w in written}), None):
+                ap.error(f"--input {same} is a file this command writes (--out-dir {out}); choose another --out-dir")
             splits = {split: read_local(file) for split, file in files.items()}
         else:
             import datasets
@@ -116,11 +127,13 @@ def main(argv=None):
     except (OSError, ValueError) as err:  # a missing file, bad JSON, a row of another format: one line
         raise SystemExit(f"error: {err}") from None
 
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "corpus.jsonl", corpus)
-    for split, rows in questions.items():
-        write_jsonl(out / f"hotpotqa_{split}.jsonl", rows)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_jsonl(out / "corpus.jsonl", corpus)
+        for split, rows in questions.items():
+            write_jsonl(out / f"hotpotqa_{split}.jsonl", rows)
+    except OSError as err:  # a full or read-only disk: one line
+        raise SystemExit(f"error: --out-dir {out}: cannot write {err.filename or ''} ({err.strerror or err})") from None
     counts = ", ".join(f"{len(rows)} {split}" for split, rows in questions.items())
     print(f"wrote {out}/corpus.jsonl ({len(corpus)} passages) and questions: {counts}")
 

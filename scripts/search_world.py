@@ -168,11 +168,13 @@ def main(argv=None):
         ap.error("need --sft-steps >= 0, --sft-batch-size >= 1, --sft-lr > 0, --eval-questions >= 1, "
                  "0 <= --wrong-frac <= 1, 0 <= --guess-frac <= 1 - --wrong-frac (with --redraw-errors) and "
                  "--max-obs-tokens >= 1")
+    t0, out = time.time(), Path(args.out)
+    if file := next((p for p in (out, *out.parents) if p.is_file()), None):
+        ap.error(f"--out {out}: {file} is a file, not a folder")
     try:
         world = make_world(args.seed, args.people, args.towns, args.regions, args.test_frac)
     except ValueError as err:
         ap.error(str(err))
-    t0, out = time.time(), Path(args.out)
     paths = write_world(world, out)
     retriever = BM25Retriever(world["corpus"])  # what train.py builds from corpus.jsonl (lucene, english analyzer)
     rates = top1_rates(world, retriever)

@@ -6,7 +6,9 @@ held-out people with the unchanged evaluate.py, and finally prints the grid (eve
 measures that docs/spiral.md fixes before any run: start and final reward, the collapse step, the first LLD alarm of
 phase II/III and its lead over the collapse, the entropy and valid-action ratio at the end, and test EM against the
 warm start's. The figure draws the runs of the first lr, all seeds, lambda by colour (scripts/plot_run.py).
-A finished run (its metrics and eval.json complete) is not run again: a killed grid continues where it stopped.
+A finished run (its metrics and eval.json complete) is not run again, and an unfinished one (Ctrl-C, a kill) resumes
+from its newest complete checkpoint (train.py --resume): the same command continues a stopped grid where it stopped.
+A run folder that holds a finished run of another --steps is refused, never overwritten.
 
     python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
     python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
@@ -26,7 +28,7 @@ import evaluate  # noqa: E402
 import plot_run  # noqa: E402
 import search_world  # noqa: E402
 import train  # noqa: E402
-from checkpoint import atomic_write  # noqa: E402
+from checkpoint import atomic_write, folder_problem  # noqa: E402
 
 # Every run's train.py flags besides --lr, --llds, --seed (docs/spiral.md, "Protocol"): 4 optimizer steps per rollout
 # step, the second grid's cell where plain GRPO collapsed in every seed (the first grid: --mini-batch-size 16)
@@ -34,6 +36,7 @@ RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", 
       "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--warmup-ratio", "0",
       "--save-every", "1000", "--log-rollouts-every", "5"]
 EVAL = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--batch-size", "64"]
+RERUN = "the same spiral.py command"  # how a stopped grid continues (train.py's lines say so after Ctrl-C or an error)
 
 
 def world_files(world: Path) -> dict:
@@ -42,10 +45,11 @@ def world_files(world: Path) -> dict:
 
 
 def evaluate_on_test(model: Path, files: dict, out: Path) -> float:
-    """Greedy EM of `model` on every test question (evaluate.py, unchanged), cached in `out`."""
+    """Greedy EM of `model` on every test question (evaluate.py, unchanged), cached in `out`. A killed evaluation's
+    records (eval.jsonl.partial, without eval.json) are replaced."""
     if not out.is_file():
         evaluate.main(["--model", str(model), "--data", str(files["test"]), "--corpus", str(files["corpus"]), *EVAL,
-                       "--out", str(out)])
+                       "--out", str(out), "--overwrite"])
     records = json.loads(out.read_text())["records"]
     return sum(r["em"] for r in records) / len(records)
 
@@ -71,8 +75,22 @@ def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
 
 
 def finished(run: Path, steps: int) -> bool:
+    """Whether `run` holds a finished run of `steps` steps: its metrics and its evaluation are complete."""
     metrics = run / "metrics.jsonl"
     return metrics.is_file() and len(metrics.read_text().splitlines()) == steps and (run / "eval.json").is_file()
+
+
+def resume_flags(run: Path, steps: int, fresh: bool = False) -> list[str]:
+    """train.py's flags for the run folder `run` that is not finished(run, steps): --resume RUN when it holds a run
+    (Ctrl-C or a kill stopped it; train.py continues from its newest complete checkpoint, or starts over if none was
+    saved), none for a new folder or with `fresh` (--overwrite among the train.py flags). Raises ValueError (one line)
+    for a folder whose run is of another length: a finished one (eval.json) or one beyond `steps`."""
+    metrics = run / "metrics.jsonl"
+    done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    if (run / "eval.json").is_file() or (done > steps and not fresh):
+        raise ValueError(f"{run} holds a {'finished ' * (run / 'eval.json').is_file()}run of {done} steps, not "
+                         f"--steps {steps}: pass --steps {done} to reuse it, or another --out for runs of {steps}")
+    return [] if fresh or not (metrics.exists() or (run / "checkpoints").exists()) else ["--resume", str(run)]
 
 
 def measures(history: list[dict]) -> dict:
@@ -112,6 +130,17 @@ def main(argv=None):
         ap.error("--steps must be >= 5, every --lrs > 0, every --lambdas >= 0 and --test-samples >= 0")
     world, out, t0 = Path(args.world), Path(args.out), time.time()
     files = world_files(world)
+    for flag, folder, needed in (("--world", world, not (files["policy"] / "config.json").is_file()),
+                                 ("--out", out, True)):
+        if needed and (problem := folder_problem(folder)):
+            ap.error(f"{flag} {folder}: {problem}")
+    cells = [(lr, lam, seed, out / f"lr{lr:g}_llds{lam:g}_seed{seed}")
+             for lr in args.lrs for lam in args.lambdas for seed in args.seeds]
+    try:  # every run folder is checked before anything is built, trained or written
+        flags = {run: resume_flags(run, args.steps, "--overwrite" in extra) for *_, run in cells
+                 if not finished(run, args.steps)}
+    except ValueError as err:
+        ap.error(str(err))
     if not (files["policy"] / "config.json").is_file():
         print(f"building the world and warm-starting the policy in {world} (once; ~5 min on 2 cores)")
         search_world.main(["--out", str(world)])
@@ -126,21 +155,18 @@ def main(argv=None):
                                                   if warm else ""))
 
     rows = []
-    for lr in args.lrs:
-        for lam in args.lambdas:
-            for seed in args.seeds:
-                run = out / f"lr{lr:g}_llds{lam:g}_seed{seed}"
-                if not finished(run, args.steps):
-                    print(f"\n=== lr {lr:g}, lambda {lam:g}, seed {seed}: {run}")
-                    train.main(train.parse_args(["--model", str(files["policy"]), "--train-data", str(files["train"]),
-                                                 "--corpus", str(files["corpus"]), *RL, *extra,
-                                                 "--steps", str(args.steps), "--lr", str(lr), "--llds", str(lam),
-                                                 "--seed", str(seed), "--out-dir", str(run), "--overwrite"]))
-                history = plot_run.read_metrics(run)
-                em = evaluate_on_test(run, files, run / "eval.json")
-                test = sampled(run, run / "sampled.json")
-                rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history),
-                             "test_reward": test.get("reward"), "test_searches": test.get("searches")})
+    for lr, lam, seed, run in cells:
+        if run in flags:
+            print(f"\n=== lr {lr:g}, lambda {lam:g}, seed {seed}: {run}" + " (resumed)" * bool(flags[run]))
+            train.main(train.parse_args(["--model", str(files["policy"]), "--train-data", str(files["train"]),
+                                         "--corpus", str(files["corpus"]), *RL, *extra, "--steps", str(args.steps),
+                                         "--lr", str(lr), "--llds", str(lam), "--seed", str(seed),
+                                         "--out-dir", str(run), *flags[run]]), rerun=RERUN)
+        history = plot_run.read_metrics(run)
+        em = evaluate_on_test(run, files, run / "eval.json")
+        test = sampled(run, run / "sampled.json")
+        rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history),
+                     "test_reward": test.get("reward"), "test_searches": test.get("searches")})
 
     head = ("| lr | lambda | seed | start reward | final reward | collapse step | alarm step | lead | entropy (end) "
             "| valid actions (end) | test EM |" + (" test reward (sampled) | test searches/traj |" if warm else "")
@@ -170,4 +196,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # a second Ctrl-C: train.py stopped at once, without saving the step in progress
+        raise SystemExit(f"interrupted. Continue with {RERUN}: finished runs are kept and an unfinished one resumes "
+                         "from its newest complete checkpoint") from None

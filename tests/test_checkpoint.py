@@ -367,3 +367,42 @@ def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
     assert lines[0].startswith("step      1 ") and lines[0].endswith("complete")
     assert lines[1].startswith("step      2 ") and "weights.bin" in lines[1] and not lines[1].endswith("complete")
     assert lines[2] == f"--resume {tmp_path} continues from: {checkpoint.step_dir(tmp_path, 1)}"
+
+
+def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
+    """`python checkpoint.py no/such/dir` said "continues from: nothing" and exited 0, as for a run that saved
+    nothing yet: a typo looked like an empty run. It fails with one line naming the folder."""
+    (tmp_path / "file").write_text("")
+    for missing, why in ((tmp_path / "no" / "such" / "dir", "no such run folder"),
+                         (tmp_path / "file", "no such run folder (a file)")):
+        r = subprocess.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr == f"error: {missing}: {why}\n", r
+
+
+def test_ctrl_c_advice_fits_the_command_that_runs_train(files, monkeypatch, capsys):
+    """train.main(args, rerun=...) (scripts/spiral.py) says how *that* command continues: spiral.py resumes its runs
+    itself, and "--resume RUN" was advice for train.py only. Without rerun the advice is train.py's, as before."""
+    import train as train_py
+
+    real_rollout = train_py.rollout
+
+    def rollout(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in step 1
+        return real_rollout(*a, **kw)
+
+    monkeypatch.setattr(train_py, "rollout", rollout)
+    out = files["dir"] / "ckpt_rerun"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(SystemExit):
+            train_py.main(train_py.parse_args(train_args(files, out, "--steps", "3")), rerun="the same spiral.py command")
+    finally:
+        torch.set_num_threads(n)
+    printed = capsys.readouterr().out
+    assert (f"stopped after step 1. Continue with the same spiral.py command: it resumes from "
+            f"{checkpoint.step_dir(out, 1)}.\n") in printed and "--resume" not in printed
+    assert checkpoint.resume_note(out, "the same spiral.py command") == (
+        f"Continue with the same spiral.py command: it resumes from {checkpoint.step_dir(out, 1)}.")
+    assert checkpoint.resume_note(out) == f"--resume {out} continues from {checkpoint.step_dir(out, 1)}."

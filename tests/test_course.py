@@ -124,6 +124,15 @@ def test_grade_rejects_what_is_not_a_tree(tmp_path, capsys):
     assert len(err) == 1 and "not a copy of the repository" in err[0]
 
 
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
+def test_grade_rejects_a_timeout_that_is_no_positive_number_of_seconds(timeout, capsys):
+    """--timeout 0 was accepted, and then every exercise timed out: the reference scored 0/15."""
+    with pytest.raises(SystemExit) as stop:
+        grade.main([str(ROOT), "--timeout", timeout])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].endswith(f"error: --timeout must be a number of seconds > 0, got {timeout}")
+
+
 @pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path):
     exercise = next(ex for ex in EXERCISES if wrong.stem.startswith(ex + "_"))

@@ -314,7 +314,8 @@ def test_unwritable_out_fails_before_the_model_loads(tmp_path):
 
 
 def test_records_are_written_as_they_are_produced(tmp_path, monkeypatch):
-    """A crash in the second batch keeps the first batch's records in eval.jsonl."""
+    """A crash in the second batch keeps the first batch's records in eval.jsonl.partial (eval.json and eval.jsonl
+    appear only once the evaluation is complete)."""
     model = save_tiny(tmp_path / "model")
     rows = [{"question": f"Where is thing {i}", "golden_answers": ["Paris"]} for i in range(3)]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -332,5 +333,100 @@ def test_records_are_written_as_they_are_produced(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="killed in batch 2"):
         E.main(["--model", model, "--data", str(tmp_path / "q.jsonl"), "--corpus", str(tmp_path / "c.jsonl"),
                 "--max-turns", "0", "--max-new-tokens", "4", "--batch-size", "2", "--out", str(out)])
-    kept = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
-    assert [r["question"] for r in kept] == ["Where is thing 0", "Where is thing 1"] and not out.exists()
+    kept = [json.loads(line) for line in (tmp_path / "eval.jsonl.partial").read_text().splitlines()]
+    assert [r["question"] for r in kept] == ["Where is thing 0", "Where is thing 1"]
+    assert not out.exists() and not (tmp_path / "eval.jsonl").exists()
+
+
+def tiny_eval_files(tmp_path, n=3):
+    """(tiny model folder, questions file, corpus file) for a fast evaluate.main."""
+    model = save_tiny(tmp_path / "model")
+    rows = [{"question": f"Where is thing {i}", "golden_answers": ["Paris"]} for i in range(n)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
+    return model, str(tmp_path / "q.jsonl"), str(tmp_path / "c.jsonl")
+
+
+TINY_EVAL = ["--max-turns", "0", "--max-new-tokens", "4", "--batch-size", "2"]
+
+
+def test_out_is_never_an_input(tmp_path):
+    """`--data t.jsonl --out t.json` wrote the records over the question file t.jsonl (opened before the model loaded);
+    --out equal to --data, --corpus or a file of the model's folder was not refused either. Each is one line now,
+    before anything is read or written, and every input keeps its bytes."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    q, corpus = tmp_path / "t.jsonl", tmp_path / "c.jsonl"
+    q.write_text(json.dumps({"question": "q?", "golden_answers": ["a"]}) + "\n")
+    corpus.write_text(json.dumps(DEMO_CORPUS[0]) + "\n")
+    before = {f: f.read_bytes() for f in (q, corpus, model / "config.json")}
+    for out, message in (
+            (tmp_path / "t.json", f"--out {tmp_path}/t.json: its records file {q} is the --data file {q}: evaluate.py "
+                                  "never writes over its inputs"),
+            (q, f"--out {q} is the --data file {q}"),
+            (corpus, f"--out {corpus} is the --corpus file {corpus}"),
+            (model / "config.json", f"--out {model}/config.json is the --model file {model}/config.json")):
+        with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
+            E.main(["--model", str(model), "--data", str(q), "--corpus", str(corpus), "--out", str(out),
+                    "--overwrite"])
+    assert {f: f.read_bytes() for f in before} == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "c.jsonl", "model", "t.jsonl"]
+    (tmp_path / "notes.json").write_text("my notes")  # no input, but no evaluation either: never replaced
+    with pytest.raises(SystemExit, match=f"--out {tmp_path}/notes.json exists and is no evaluation evaluate.py wrote"):
+        E.main(["--model", str(model), "--data", str(q), "--out", str(tmp_path / "notes.json"), "--overwrite"])
+    assert (tmp_path / "notes.json").read_text() == "my notes"
+
+
+def test_a_checkpoints_evaluation_goes_to_its_run_folder(tmp_path):
+    """`--model RUN/checkpoints/step_N` wrote eval.json inside the checkpoint folder, which the run's next save deletes.
+    The default is RUN/eval_step_N.json now, and an --out inside a checkpoint folder is refused."""
+    model, q, corpus = tiny_eval_files(tmp_path)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000003"
+    ckpt.parent.mkdir(parents=True)
+    Path(model).rename(ckpt)
+    inside = sorted(p.name for p in ckpt.iterdir())
+    with pytest.raises(SystemExit, match=re.escape(f"error: --out {ckpt}/eval.json lies inside the checkpoint folder "
+                                                   f"{ckpt}, which its run's next save may delete; write it to the run "
+                                                   f"folder (the default: {tmp_path}/run/eval_step_3.json)")):
+        E.main(["--model", str(ckpt), "--data", q, "--corpus", corpus, *TINY_EVAL, "--out", str(ckpt / "eval.json")])
+    E.main(["--model", str(ckpt), "--data", q, "--corpus", corpus, *TINY_EVAL])
+    assert sorted(p.name for p in ckpt.iterdir()) == inside
+    assert len(json.loads((tmp_path / "run" / "eval_step_3.json").read_text())["records"]) == 3
+    assert len((tmp_path / "run" / "eval_step_3.jsonl").read_text().splitlines()) == 3
+    assert E.default_out(str(tmp_path / "run")) == tmp_path / "run" / "eval.json"  # a run folder: as before
+    assert E.default_out("Qwen/Qwen2.5-3B") == Path("eval.json")
+
+
+def test_an_earlier_evaluation_needs_overwrite_and_stays_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    """An --out that holds an evaluation was replaced without a word, and a run that failed left the old eval.json
+    beside a new, partial eval.jsonl. Now it is refused without --overwrite; with it, a failing run leaves both old
+    files as they were (the new records in eval.jsonl.partial), and a complete one replaces both."""
+    model, q, corpus = tiny_eval_files(tmp_path)
+    out, records = tmp_path / "eval.json", tmp_path / "eval.jsonl"
+    argv = ["--model", model, "--data", q, "--corpus", corpus, *TINY_EVAL, "--out", str(out)]
+    E.main(argv)
+    old = {f: f.read_bytes() for f in (out, records)}
+    with pytest.raises(SystemExit, match=re.escape(f"error: --out {out}: an earlier evaluation is there ({out}, "
+                                                   f"{records}): pass --overwrite")):
+        E.main(argv)
+    assert {f: f.read_bytes() for f in old} == old
+
+    calls, real = [0], E.rollout
+
+    def fail_second(*a, **kw):  # the retrieval server stops answering in batch 2
+        calls[0] += 1
+        if calls[0] == 2:
+            raise ConnectionError("retriever at http://x/retrieve failed after 3 tries")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(E, "rollout", fail_second)
+    with pytest.raises(SystemExit, match=re.escape(f"The 2 questions scored so far are in {records}.partial")):
+        E.main([*argv, "--overwrite"])
+    monkeypatch.undo()
+    assert {f: f.read_bytes() for f in old} == old and len(Path(f"{records}.partial").read_text().splitlines()) == 2
+    with pytest.raises(SystemExit, match=re.escape(f"({out}, {records}, {records}.partial): pass --overwrite")):
+        E.main(argv)
+    E.main(argv[:-2] + ["--limit", "2", "--out", str(out), "--overwrite"])  # complete: both files replaced at once
+    assert json.loads(out.read_text())["limit"] == 2 and len(records.read_text().splitlines()) == 2
+    assert not Path(f"{records}.partial").exists()

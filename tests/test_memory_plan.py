@@ -90,7 +90,7 @@ def test_free_memory_on_cpu_is_a_positive_byte_count():
     assert free_memory("cpu") > 2**20
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "foo", "1.5", ""])
+@pytest.mark.parametrize("value", ["0", "-3", "foo", "1.5", "", "²"])  # "²".isdigit(), but int("²") fails
 def test_gen_batch_size_must_be_a_count_or_auto(capsys, value):
     with pytest.raises(SystemExit) as stop:
         parse_args([f"--gen-batch-size={value}"])

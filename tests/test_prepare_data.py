@@ -72,3 +72,24 @@ def test_prepare_data_bad_input_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="train row 0: not a HotpotQA distractor row"):
         build({"train": [{"question": "q?", "answer": "a"}]})
     assert not (tmp_path / "out" / "corpus.jsonl").exists()
+
+
+def test_out_dir_that_is_a_file_or_an_input_is_one_line(tmp_path):
+    """--out-dir FILE was a FileExistsError traceback (after the data was read or downloaded), and an --input that is
+    one of the files this command writes would have been replaced. Both are one line now, and nothing is written."""
+    (tmp_path / "file").write_text("keep")
+    cmd = [sys.executable, "scripts/prepare_data.py", "--input", f"train={HUB}", "--out-dir"]
+    for out in (tmp_path / "file", tmp_path / "file" / "sub"):
+        r = subprocess.run(cmd + [str(out)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (f"prepare_data.py: error: --out-dir {out}: {tmp_path}/file is a "
+                                                     "file, not a folder")
+    assert (tmp_path / "file").read_text() == "keep"
+    raw = tmp_path / "data" / "hotpotqa_train.jsonl"
+    raw.parent.mkdir()
+    raw.write_text(HUB.read_text())
+    r = subprocess.run([sys.executable, "scripts/prepare_data.py", "--input", f"train={raw}", "--out-dir",
+                        str(raw.parent)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+        f"error: --input {raw} is a file this command writes (--out-dir {raw.parent}); choose another --out-dir")
+    assert raw.read_text() == HUB.read_text() and sorted(p.name for p in raw.parent.iterdir()) == [raw.name]

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,9 @@ sys.path.insert(0, str(REPO))
 
 import retriever as retriever_module  # noqa: E402
 
+from checkpoint import io_errors_stop_the_run  # noqa: E402
 from retriever import (  # noqa: E402
-    BM25_VARIANTS, DEFAULT_ANALYZER, DEMO_CORPUS, LUCENE_STOP_WORDS, BM25Retriever, RemoteRetriever, SparseBM25,
+    BadAnswer, BM25_VARIANTS, DEFAULT_ANALYZER, DEMO_CORPUS, LUCENE_STOP_WORDS, BM25Retriever, RemoteRetriever, SparseBM25,
     english_analyze, format_passages, index_cache_file, java_lower, load_corpus, lucene_doc_length, make_retriever,
     make_server, passage_title, standard_tokenize, tokenize, top_k, MAX_REQUEST_BYTES,
 )
@@ -926,6 +928,35 @@ def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damag
     assert SparseBM25.load(file).num_docs == len(TOY)  # rewritten whole
 
 
+def test_an_unwritable_index_cache_is_one_warning_and_the_run_goes_on(tmp_path, capsys, monkeypatch, cache_small):
+    """A read-only or full cache folder was an OSError traceback from SparseBM25.save, though the cache is optional: it
+    is one warning line now, the retriever is the uncached one, and a full disk keeps no half-written temp file. (As
+    root every folder is writable, so "read-only" is a cache folder below a regular file here.)"""
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(r) for r in TOY])
+    expected = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=None).search(["France capital", "Troy"], 5)
+    (tmp_path / "file").write_text("")
+    capsys.readouterr()
+    blocked = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=tmp_path / "file" / "cache")
+    err = capsys.readouterr().err.splitlines()
+    assert blocked.search(["France capital", "Troy"], 5) == expected
+    assert len(err) == 1 and err[0].startswith(f"warning: BM25 index cache not written to {tmp_path}/file/cache (")
+    assert "going on without it" in err[0], err
+
+    real_savez = np.savez
+
+    def disk_full(f, **arrays):
+        real_savez(f, **arrays)  # written, then the disk is full before the end
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(retriever_module.np, "savez", disk_full)
+    full = BM25Retriever.from_jsonl(path, engine="sparse", cache_dir=tmp_path / "cache")
+    monkeypatch.undo()
+    err = capsys.readouterr().err.splitlines()
+    assert full.search(["France capital", "Troy"], 5) == expected
+    assert len(err) == 1 and f"not written to {tmp_path}/cache (No space left on device); going on" in err[0], err
+    assert list((tmp_path / "cache").iterdir()) == []  # no temp file, no index
+
+
 # --- Search-R1's HTTP API: server and client -------------------------------------------------------------------------
 
 
@@ -1059,6 +1090,47 @@ def test_client_errors(server):
         RemoteRetriever(server + "/search", retries=3, backoff=10).search(["Paris"])
     with pytest.raises(ValueError, match="topk"):
         RemoteRetriever(server).search(["Paris"], topk=0)
+
+
+@pytest.mark.parametrize("result", [
+    [["Paris is the capital of France."]],  # passages as bare strings
+    [[{"title": "Paris", "text": "Paris is the capital of France."}]],  # another field layout
+    [[{"document": "Paris is the capital of France.", "score": 1.0}]],
+    [{"document": {"id": "0", "contents": "x"}}],  # a hit where the query's list should be
+])
+def test_client_refuses_hits_of_another_shape(result):
+    """A /retrieve server answering another hit shape was a TypeError traceback in format_passages at step 1 (the
+    start-up check query does not format passages). The client says what it got and what it expects, in one line, as
+    an error that is a ValueError and an OSError: train.py and evaluate.py stop on it with one line at any step."""
+    body = json.dumps({"result": result}).encode()
+
+    class Fixed(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Fixed)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/retrieve"
+    try:
+        with pytest.raises(BadAnswer) as err:
+            RemoteRetriever(url)(["Paris"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    message = str(err.value)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, OSError) and "\n" not in message
+    assert message.startswith(f"retriever at {url} answered hits of another shape: ") and '"contents"' in message
+    with pytest.raises(SystemExit, match="^error: retriever at .* answered hits of another shape: .*No checkpoint"):
+        with io_errors_stop_the_run(Path("/nonexistent-run")):  # train.py's loop: one line
+            raise err.value
 
 
 def test_server_failure_is_a_500_and_the_client_gives_up():

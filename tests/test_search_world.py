@@ -184,3 +184,14 @@ def test_a_guess_replays_through_rollout(world, tok, retriever):
     (ep,) = rollout(generate, tok, [row], retriever.search, group_size=1, max_turns=2, max_obs_tokens=120)
     assert (ep.response_ids, ep.loss_mask, ep.answer_mask) == (demo.response_ids, demo.loss_mask, demo.answer_mask)
     assert (ep.num_searches, ep.answer, ep.reward) == (0, "Nowhere", 0.0)
+
+
+def test_out_file_is_one_error_line(tmp_path):
+    """--out FILE (or a folder below a file) was a FileExistsError traceback from write_world."""
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "world"):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(out), "--sft-steps",
+                            "0"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (f"search_world.py: error: --out {out}: {tmp_path}/file is a file, "
+                                                     "not a folder")
