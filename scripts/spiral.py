@@ -1,11 +1,14 @@
 """One command for the LLD death spiral on a laptop: world -> warm start -> GRPO and GRPO + LLDS -> test EM -> figure.
 
-Builds the search world and its warm-started tiny policy (scripts/search_world.py, once: reused when --world holds
-them), then for every (lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on the
-held-out people with the unchanged evaluate.py, and finally prints the grid (every cell and every seed) with the
-measures that docs/spiral.md fixes before any run: start and final reward, the collapse step, the first LLD alarm of
-phase II/III and its lead over the collapse, the entropy and valid-action ratio at the end, and test EM against the
-warm start's. The figure draws the runs of the first lr, all seeds, lambda by colour (scripts/plot_run.py).
+Builds each search world and its warm-started tiny policy (scripts/search_world.py, once: reused when the folder holds
+them), then for every (world, lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on
+the held-out people with the unchanged evaluate.py, and finally prints the grid, every run and then every (lr, lambda)
+cell over its worlds and seeds, with the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward
+windows (collapsed / degraded / held, and its step), the onsets of the sustained fall of the correct and of the
+incorrect responses' likelihood, the lead of the first over the collapse (the paper's order: likelihood first), the
+first LLD alarm of phase II/III (hits and false alarms against the collapses), the entropy and valid-action ratio at
+the end, and test EM against the warm start's. The figure draws the runs of the first world and lr, all seeds,
+lambda by colour (scripts/plot_run.py).
 A finished run (its metrics and eval.json complete) is not run again, and an unfinished one (Ctrl-C, a kill) resumes
 from its newest complete checkpoint (train.py --resume): the same command continues a stopped grid where it stopped.
 A run folder that holds a finished run of another --steps is refused, never overwritten.
@@ -13,6 +16,8 @@ A run folder that holds a finished run of another --steps is refused, never over
     python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
     python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
     python scripts/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
+    python scripts/spiral.py --world-seeds 11 12 13 --world-flags="--redraw-errors --wrong-frac 0 --guess-frac 0.4 \
+        --sft-steps 3000" --lrs 1e-4 --steps 100 --out runs/grid4    # three worlds nobody tuned to (docs/spiral.md)
 """
 
 import argparse
@@ -93,29 +98,141 @@ def resume_flags(run: Path, steps: int, fresh: bool = False) -> list[str]:
     return [] if fresh or not (metrics.exists() or (run / "checkpoints").exists()) else ["--resume", str(run)]
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The measures of the mechanism (docs/spiral.md, "Protocol of the fourth grid"), pure functions of metrics.jsonl
+
+WINDOW = 5  # rollout steps per reward window: 5 x 32 trajectories = 160 answers
+FALL = 0.1  # nats per token: a sustained fall of a likelihood by less than this is not counted
+MIN_START = 0.1  # a run whose first window's reward is below this has nothing to collapse from
+
+
+def collapse(reward: list, w: int = WINDOW) -> dict:
+    """Whether and when a run's reward collapsed, judged on w-step windows so that one or two answers cannot flip it.
+
+    reward: rollout/reward per step. start = the mean of the first w steps, final = of the last w. verdict:
+    "collapsed" if final <= start / 4, "held" if final >= start / 2, "degraded" in between (a margin of start / 4: 12
+    answers of 160 at start 0.3, where the old rule, final < 0.05, flipped on 2); "low start" if start < MIN_START
+    (nothing to lose). collapse_step (only if collapsed):
+    the first step t from which every w-step window (steps t..t+w-1, and every later one) has a mean <= start / 4.
+    """
+    start, final = sum(reward[:w]) / len(reward[:w]), sum(reward[-w:]) / len(reward[-w:])
+    verdict = ("low start" if start < MIN_START else "collapsed" if final <= start / 4
+               else "held" if final >= start / 2 else "degraded")
+    step = None
+    if verdict == "collapsed":
+        windows = [sum(reward[t:t + w]) / len(reward[t:t + w]) for t in range(len(reward))]
+        step = next(t + 1 for t in range(len(reward)) if all(m <= start / 4 for m in windows[t:]))
+    return {"start_reward": start, "final_reward": final, "verdict": verdict, "collapse_step": step}
+
+
+def fall_onset(logp: list, fall: float = FALL, w: int = 3) -> int | None:
+    """The step where a likelihood series starts to fall for good, or None.
+
+    logp: per step, a token-mean log-likelihood in nats/token (diag/logp_correct or diag/logp_incorrect: the responses
+    of that step under the rollout policy), None on steps without such a response (skipped). Smoothed by the mean of
+    the last w defined values (defined once there are w). The onset is the first step whose smoothed value is more
+    than `fall` below the highest smoothed value so far and stays below that mark at every later defined step.
+    """
+    smooth, seen = [], []
+    for x in logp:
+        seen += [] if x is None else [x]
+        smooth.append(sum(seen[-w:]) / w if x is not None and len(seen) >= w else None)
+    steps = [t for t, s in enumerate(smooth) if s is not None]
+    for i, t in enumerate(steps):
+        mark = max(smooth[s] for s in steps[:i + 1]) - fall
+        if all(smooth[s] < mark for s in steps[i:]):
+            return t + 1
+    return None
+
+
+def alarm_step(history: list[dict]) -> int | None:
+    """The first step whose LLD alarm is phase II or III ("steady decay", "acceleration"; llds.lld_alarm), or None."""
+    return next((h["step"] for h in history if h.get("alarm/phase") in ("steady decay", "acceleration")), None)
+
+
 def measures(history: list[dict]) -> dict:
-    """The per-run measures of docs/spiral.md from a run's metrics.jsonl records."""
-    reward = [h["rollout/reward"] for h in history]
-    start, final = sum(reward[:2]) / len(reward[:2]), sum(reward[-5:]) / len(reward[-5:])
-    collapsed = final < 0.05 and start >= 0.2
-    collapse_step = None
-    if collapsed:
-        collapse_step = next(h["step"] for i, h in enumerate(history) if all(r < 0.1 for r in reward[i:]))
-    alarm_step = next((h["step"] for h in history if h.get("alarm/phase") in ("steady decay", "acceleration")), None)
-    lead = collapse_step - alarm_step if collapse_step is not None and alarm_step is not None else None
-    return {"start_reward": start, "final_reward": final, "collapse_step": collapse_step, "alarm_step": alarm_step,
-            "lead": lead, "entropy_end": history[-1].get("grpo/entropy"),
-            "valid_actions_end": history[-1]["rollout/valid_action_ratio"],
+    """A run's measures (docs/spiral.md) from its metrics.jsonl records: the collapse (`collapse`), the onsets of the
+    fall of the correct and incorrect responses' likelihood (`fall_onset`), lead = collapse step - correct onset
+    (> 0: the correct responses' likelihood fell first, the paper's order), the alarm step and its lead, entropy and
+    valid actions at the end, seconds per step."""
+    out = collapse([h["rollout/reward"] for h in history])
+    onset_c = fall_onset([h.get("diag/logp_correct") for h in history])
+    onset_i = fall_onset([h.get("diag/logp_incorrect") for h in history])
+    alarm, c = alarm_step(history), out["collapse_step"]
+    return {**out, "onset_correct": onset_c, "onset_incorrect": onset_i,
+            "lead": c - onset_c if c is not None and onset_c is not None else None,
+            "alarm_step": alarm, "alarm_lead": c - alarm if c is not None and alarm is not None else None,
+            "entropy_end": history[-1].get("grpo/entropy"), "valid_actions_end": history[-1]["rollout/valid_action_ratio"],
             "s_per_step": sum(h["perf/step_s"] for h in history) / len(history)}
+
+
+def cell_summary(runs: list[dict]) -> dict:
+    """One grid cell's counts over its runs (every world and seed): collapsed / degraded / held; among collapsed runs,
+    the correct likelihood's fall first (onset before the collapse step), after, or never; the alarm's hits (phase
+    II/III at or before the collapse step), late alarms, misses; false alarms (an alarm in a run that did not
+    collapse); the incorrect likelihood's fall before the correct one's."""
+    col = [r for r in runs if r["verdict"] == "collapsed"]
+    first = lambda r: r["onset_correct"] is not None and r["onset_correct"] <= r["collapse_step"]  # noqa: E731
+    return {"runs": len(runs), **{v: sum(r["verdict"] == v for r in runs) for v in ("collapsed", "degraded", "held")},
+            "fell_first": sum(first(r) for r in col),
+            "fell_after": sum(r["onset_correct"] is not None and not first(r) for r in col),
+            "never_fell": sum(r["onset_correct"] is None for r in col),
+            "alarm_hits": sum(r["alarm_step"] is not None and r["alarm_step"] <= r["collapse_step"] for r in col),
+            "false_alarms": sum(r["alarm_step"] is not None for r in runs if r["verdict"] != "collapsed"),
+            "incorrect_first": sum(r["onset_incorrect"] is not None and (r["onset_correct"] is None
+                                   or r["onset_incorrect"] < r["onset_correct"]) for r in runs)}
 
 
 def fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def world_folder(world: Path, seed: int) -> Path:
+    """The folder of the world of `seed`: --world itself for seed 0 (the one command's), WORLD_seedN for the others."""
+    return world if seed == 0 else world.with_name(f"{world.name}_seed{seed}")
+
+
+RUN_COLUMNS = ("world", "lr", "lambda", "seed", "start reward", "final reward", "verdict", "collapse step",
+               "correct falls", "incorrect falls", "lead", "alarm", "entropy (end)", "valid (end)", "test EM", "min")
+CELL_COLUMNS = ("lr", "lambda", "runs", "collapsed / degraded / held", "correct fell first / after / never (collapsed)",
+                "alarm hits / false alarms", "incorrect fell first", "final reward", "test EM")
+
+
+def tables(rows: list[dict], warm: dict) -> list[str]:
+    """The grid as markdown: every run (world, lr, lambda, seed), then one line per (lr, lambda) cell over its worlds and
+    seeds (cell_summary). warm: world seed -> {"em"} (and "reward", "searches" with --test-samples)."""
+    sampled = any(r["test_reward"] is not None for r in rows)
+    head = RUN_COLUMNS[:-1] + (("test reward (sampled)", "test searches/traj") if sampled else ()) + RUN_COLUMNS[-1:]
+    lines = ["warm start, per world: " + "; ".join(
+        f"world {w}: test EM {m['em']:.3f}" + (f", sampled test reward {m['reward']:.3f}" if "reward" in m else "")
+        for w, m in warm.items()), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cols = [r["world"], f"{r['lr']:g}", f"{r['llds']:g}", r["seed"], fmt(r["start_reward"]),
+                fmt(r["final_reward"]), r["verdict"], fmt(r["collapse_step"], "d"), fmt(r["onset_correct"], "d"),
+                fmt(r["onset_incorrect"], "d"), fmt(r["lead"], "+d"), fmt(r["alarm_step"], "d"), fmt(r["entropy_end"]),
+                fmt(r["valid_actions_end"]), f"{r['test_em']:.3f}"]
+        cols += [fmt(r["test_reward"], ".3f"), fmt(r["test_searches"])] if sampled else []
+        lines.append("| " + " | ".join(map(str, cols + [f"{r['minutes']:.1f}"])) + " |")
+    lines += ["", "| " + " | ".join(CELL_COLUMNS) + " |", "|" + "---|" * len(CELL_COLUMNS)]
+    for lr, lam in dict.fromkeys((r["lr"], r["llds"]) for r in rows):
+        cell = [r for r in rows if (r["lr"], r["llds"]) == (lr, lam)]
+        c = cell_summary(cell)
+        mean = lambda k: sum(r[k] for r in cell) / len(cell)  # noqa: E731
+        lines.append(f"| {lr:g} | {lam:g} | {c['runs']} ({len({r['world'] for r in cell})} worlds) | "
+                     f"{c['collapsed']} / {c['degraded']} / {c['held']} | "
+                     f"{c['fell_first']} / {c['fell_after']} / {c['never_fell']} | {c['alarm_hits']} / "
+                     f"{c['false_alarms']} | {c['incorrect_first']} | {mean('final_reward'):.3f} | "
+                     f"{mean('test_em'):.3f} |")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="data/world", help="world folder (built by scripts/search_world.py if absent)")
+    ap.add_argument("--world-seeds", type=int, nargs="+", default=[0],
+                    help="search_world.py --seed of each world: 0 is --world, N is WORLD_seedN (built if absent)")
+    ap.add_argument("--world-flags", default="", help="search_world.py flags for the worlds built here, one string: "
+                    "--world-flags=\"--sft-steps 3000 ...\" (with =)")
     ap.add_argument("--out", default="runs/spiral", help="one folder per run, the grid table and the figure")
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3], help="learning rates (the figure: the first)")
     ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.2], help="--llds values")
@@ -126,68 +243,62 @@ def main(argv=None):
     args, extra = ap.parse_known_args(argv)
     train.parse_args(RL + extra)  # a bad train.py flag stops here, before the world is built, with train.py's line
     if (args.steps < 5 or any(lr <= 0 for lr in args.lrs) or any(lam < 0 for lam in args.lambdas)
-            or args.test_samples < 0):
-        ap.error("--steps must be >= 5, every --lrs > 0, every --lambdas >= 0 and --test-samples >= 0")
-    world, out, t0 = Path(args.world), Path(args.out), time.time()
-    files = world_files(world)
-    for flag, folder, needed in (("--world", world, not (files["policy"] / "config.json").is_file()),
-                                 ("--out", out, True)):
+            or args.test_samples < 0 or any(w < 0 for w in args.world_seeds)):
+        ap.error("--steps must be >= 5, every --lrs > 0, every --lambdas >= 0, every --world-seeds >= 0 and "
+                 "--test-samples >= 0")
+    out, t0 = Path(args.out), time.time()
+    worlds = {w: world_files(world_folder(Path(args.world), w)) for w in args.world_seeds}
+    for flag, folder, needed in [*(("--world", f["policy"].parent, not (f["policy"] / "config.json").is_file())
+                                   for f in worlds.values()), ("--out", out, True)]:
         if needed and (problem := folder_problem(folder)):
             ap.error(f"{flag} {folder}: {problem}")
-    cells = [(lr, lam, seed, out / f"lr{lr:g}_llds{lam:g}_seed{seed}")
-             for lr in args.lrs for lam in args.lambdas for seed in args.seeds]
+    tag = lambda w: f"world{w}_" if len(worlds) > 1 or w != 0 else ""  # noqa: E731 (one world 0: the old names)
+    cells = [(w, lr, lam, seed, out / f"{tag(w)}lr{lr:g}_llds{lam:g}_seed{seed}")
+             for w in worlds for lr in args.lrs for lam in args.lambdas for seed in args.seeds]
     try:  # every run folder is checked before anything is built, trained or written
         flags = {run: resume_flags(run, args.steps, "--overwrite" in extra) for *_, run in cells
                  if not finished(run, args.steps)}
     except ValueError as err:
         ap.error(str(err))
-    if not (files["policy"] / "config.json").is_file():
-        print(f"building the world and warm-starting the policy in {world} (once; ~5 min on 2 cores)")
-        search_world.main(["--out", str(world)])
-    out.mkdir(parents=True, exist_ok=True)
-    warm_em = evaluate_on_test(files["policy"], files, out / "warm_start_eval.json")
-    def sampled(model, cache):  # the sampled test reward, with --test-samples
-        return sampled_on_test(model, files, cache, args.test_samples) if args.test_samples else {}
-
-    warm = sampled(files["policy"], out / "warm_start_sampled.json")
-    print(f"warm start: test EM {warm_em:.3f}" + (f", sampled test reward {warm['reward']:.3f}, searches/traj "
-                                                  f"{warm['searches']:.2f} ({args.test_samples} per question)"
-                                                  if warm else ""))
+    warm = {}
+    for w, files in worlds.items():
+        if not (files["policy"] / "config.json").is_file():
+            print(f"building the world {w} and warm-starting its policy in {files['policy'].parent} (once; ~5 min on 2 "
+                  "cores)")
+            search_world.main(["--out", str(files["policy"].parent), "--seed", str(w), *args.world_flags.split()])
+        out.mkdir(parents=True, exist_ok=True)
+        em = evaluate_on_test(files["policy"], files, out / f"{tag(w)}warm_start_eval.json")
+        sampled = sampled_on_test(files["policy"], files, out / f"{tag(w)}warm_start_sampled.json",
+                                  args.test_samples) if args.test_samples else {}
+        warm[w] = {"em": em, **sampled}
+        print(f"world {w} warm start: test EM {em:.3f}" + (f", sampled test reward {sampled['reward']:.3f}, "
+                                                           f"searches/traj {sampled['searches']:.2f}" if sampled else ""))
 
     rows = []
-    for lr, lam, seed, run in cells:
+    for w, lr, lam, seed, run in cells:
+        files = worlds[w]
         if run in flags:
-            print(f"\n=== lr {lr:g}, lambda {lam:g}, seed {seed}: {run}" + " (resumed)" * bool(flags[run]))
+            print(f"\n=== world {w}, lr {lr:g}, lambda {lam:g}, seed {seed}: {run}" + " (resumed)" * bool(flags[run]))
             train.main(train.parse_args(["--model", str(files["policy"]), "--train-data", str(files["train"]),
                                          "--corpus", str(files["corpus"]), *RL, *extra, "--steps", str(args.steps),
                                          "--lr", str(lr), "--llds", str(lam), "--seed", str(seed),
                                          "--out-dir", str(run), *flags[run]]), rerun=RERUN)
         history = plot_run.read_metrics(run)
         em = evaluate_on_test(run, files, run / "eval.json")
-        test = sampled(run, run / "sampled.json")
-        rows.append({"lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **measures(history),
+        test = sampled_on_test(run, files, run / "sampled.json", args.test_samples) if args.test_samples else {}
+        m = measures(history)
+        rows.append({"world": w, "lr": lr, "llds": lam, "seed": seed, "run": str(run), "test_em": em, **m,
+                     "minutes": m["s_per_step"] * len(history) / 60,
                      "test_reward": test.get("reward"), "test_searches": test.get("searches")})
 
-    head = ("| lr | lambda | seed | start reward | final reward | collapse step | alarm step | lead | entropy (end) "
-            "| valid actions (end) | test EM |" + (" test reward (sampled) | test searches/traj |" if warm else "")
-            + " s/step |")
-    lines = [f"warm start test EM: {warm_em:.3f} (greedy, all test questions)" +
-             (f"; sampled test reward {warm['reward']:.3f}, searches/traj {warm['searches']:.2f} ({args.test_samples}"
-              " per test question)" if warm else "") +
-             (f"; train.py flags besides the protocol's: {' '.join(extra)}" if extra else ""),
-             "", head, "|" + "---|" * (14 if warm else 12)]
-    for r in rows:
-        lines.append(f"| {r['lr']:g} | {r['llds']:g} | {r['seed']} | {fmt(r['start_reward'])} | "
-                     f"{fmt(r['final_reward'])} | {fmt(r['collapse_step'], 'd')} | {fmt(r['alarm_step'], 'd')} | "
-                     f"{fmt(r['lead'], 'd')} | {fmt(r['entropy_end'])} | {fmt(r['valid_actions_end'])} | "
-                     f"{r['test_em']:.3f} | " + (f"{r['test_reward']:.3f} | {r['test_searches']:.2f} | "
-                                                 if warm else "") + f"{r['s_per_step']:.1f} |")
+    lines = tables(rows, warm)
+    if extra:
+        lines[0] += f"; train.py flags besides the protocol's: {' '.join(extra)}"
     print("\n" + "\n".join(lines))
     atomic_write(out / "grid.md", "\n".join(lines) + "\n")
-    atomic_write(out / "grid.json", json.dumps({"warm_start_test_em": warm_em, "warm_start_sampled": warm,
-                                                  "train_flags": extra, "runs": rows},
-                                                 indent=1))
-    first = [r for r in rows if r["lr"] == args.lrs[0]]
+    atomic_write(out / "grid.json", json.dumps({"warm_start": warm, "train_flags": extra, "world_flags": args.world_flags,
+                                                  "runs": rows}, indent=1))
+    first = [r for r in rows if r["lr"] == args.lrs[0] and r["world"] == args.world_seeds[0]]
     figure = plot_run.plot_runs([r["run"] for r in first], out / "spiral.png",
                                 labels=[f"λ={r['llds']:g} seed {r['seed']}" for r in first])
     steps = len(rows) * args.steps

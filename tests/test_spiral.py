@@ -1,6 +1,7 @@
-"""scripts/spiral.py's per-run measures, fixed in docs/spiral.md before any run: collapse (final reward < 0.05 after a
-start of at least 0.2; its step: from where every later reward is < 0.1), the first phase II/III LLD alarm and its
-lead over the collapse, the entropy and valid-action ratio at the end."""
+"""scripts/spiral.py's per-run measures, fixed in docs/spiral.md before any run (the fourth grid's protocol): collapse
+on 5-step reward windows (collapsed / degraded / held, and its step), the onsets of the fall of the correct and
+incorrect responses' likelihood and the lead of the first over the collapse, the first phase II/III LLD alarm, the
+entropy and valid-action ratio at the end; a cell's counts over worlds and seeds; resuming a stopped grid."""
 
 import sys
 from pathlib import Path
@@ -19,22 +20,62 @@ def history(rewards, phases=None):
              "rollout/valid_action_ratio": 1.0 - s / 20} for s, (r, p) in enumerate(zip(rewards, phases), start=1)]
 
 
-def test_a_collapse_its_step_and_the_alarms_lead():
-    rewards = [0.5, 0.45, 0.4, 0.3, 0.12, 0.05, 0.0, 0.09, 0.0, 0.0, 0.0]
-    phases = ["", "", "stagnation", "steady decay", "acceleration", "", "", "", "", "", ""]
-    m = spiral.measures(history(rewards, phases))
-    assert m["start_reward"] == pytest.approx(0.475) and m["final_reward"] == pytest.approx(0.018)
-    assert m["collapse_step"] == 6  # 0.12 at step 5 is not below 0.1; from step 6 on every reward is
-    assert m["alarm_step"] == 4 and m["lead"] == 2  # "stagnation" (phase I) does not count
-    assert m["entropy_end"] == pytest.approx(11.5) and m["valid_actions_end"] == pytest.approx(0.45)
+def test_a_collapse_its_step_the_likelihood_onsets_and_the_alarm():
+    rewards = [0.3, 0.35, 0.25, 0.3, 0.3, 0.2, 0.1, 0.05, 0.0, 0.03, 0.0, 0.0, 0.0, 0.0, 0.0]
+    phases = ["", "", "stagnation", "steady decay", "acceleration"] + [""] * 10
+    correct = [-1.0] * 4 + [-1.05, -1.2, -1.3, -1.4, None, -1.6] + [None] * 5  # falls from step 6 on, for good
+    incorrect = [-2.0] * 2 + [-2.2, -2.4, -2.6, -2.8] + [-3.0] * 9
+    h = [{**r, "diag/logp_correct": c, "diag/logp_incorrect": i}
+         for r, c, i in zip(history(rewards, phases), correct, incorrect)]
+    m = spiral.measures(h)
+    assert m["start_reward"] == pytest.approx(0.3) and m["final_reward"] == pytest.approx(0.0, abs=1e-12)
+    assert m["verdict"] == "collapsed"
+    # windows of 5 steps from step 6 on: (0.2 + 0.1 + 0.05 + 0 + 0.03) / 5 = 0.076 > 0.3 / 4; from step 7: 0.036
+    assert m["collapse_step"] == 7
+    # smoothed (3 values) correct: steps 3-4 -1.0, 5 -1.0167, 6 -1.0833, 7 -1.1833 < -1.0 - 0.1 and below after
+    assert m["onset_correct"] == 7 and m["lead"] == 0
+    assert m["onset_incorrect"] == 4  # smoothed: step 3 -2.067 (the peak), step 4 -2.2 < -2.067 - 0.1, and lower after
+    assert m["alarm_step"] == 4 and m["alarm_lead"] == 3  # "stagnation" (phase I) does not count
+    assert m["entropy_end"] == pytest.approx(15.5) and m["valid_actions_end"] == pytest.approx(0.25)
     assert m["s_per_step"] == pytest.approx(2.0)
 
 
-def test_no_collapse_when_reward_holds_or_never_started():
+def test_a_dip_that_recovers_is_no_onset():
+    assert spiral.fall_onset([-1.0] * 5 + [-1.5] * 3 + [-1.0] * 5) is None
+    assert spiral.fall_onset([-1.0, None, -1.0, None, -1.0, -1.6, -1.6, -1.6]) == 6  # None skipped: (-1 - 1 - 1.6) / 3
+    assert spiral.fall_onset([None] * 5) is None and spiral.fall_onset([-1.0, -2.0]) is None  # fewer than 3 values
+
+
+def test_collapse_verdicts_do_not_flip_on_two_answers_in_160():
+    """Collapsed (final <= start / 4) and held (final >= start / 2) are start / 4 apart: two more or fewer correct
+    answers in the last 160 (5 steps x 32) move a run at most to or from "degraded", never from one to the other."""
+    for start in (0.2, 0.3, 0.5):
+        for correct in range(0, 161):
+            final = correct / 160
+            base = spiral.collapse([start] * 5 + [final] * 10)["verdict"]
+            for d in (-2, -1, 1, 2):
+                other = spiral.collapse([start] * 5 + [max(0, correct + d) / 160] * 10)["verdict"]
+                assert {base, other} != {"collapsed", "held"}, (start, correct, d)
+    assert spiral.collapse([0.3] * 5 + [0.063] * 5)["verdict"] == "collapsed"  # the issue's 0.063 after 0.3
+    assert spiral.collapse([0.05] * 5 + [0.0] * 5)["verdict"] == "low start"  # nothing to lose
+
+
+def test_no_collapse_when_reward_holds():
     held = spiral.measures(history([0.5, 0.4, 0.3, 0.35, 0.4, 0.3, 0.45], ["", "", "", "steady decay", "", "", ""]))
-    assert held["collapse_step"] is None and held["lead"] is None and held["alarm_step"] == 4
-    never = spiral.measures(history([0.1, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]))  # start < 0.2: nothing to lose
-    assert never["collapse_step"] is None and never["final_reward"] == pytest.approx(0.0)
+    assert held["verdict"] == "held" and held["collapse_step"] is None and held["lead"] is None
+    assert held["alarm_step"] == 4 and held["alarm_lead"] is None and held["onset_correct"] is None
+
+
+def test_cell_summary_counts_hits_false_alarms_and_the_order_of_the_falls():
+    runs = [  # collapsed: fell first + alarm hit; fell after + late alarm; never fell + no alarm; held with an alarm
+        {"verdict": "collapsed", "collapse_step": 10, "onset_correct": 8, "onset_incorrect": 5, "alarm_step": 9},
+        {"verdict": "collapsed", "collapse_step": 10, "onset_correct": 12, "onset_incorrect": 15, "alarm_step": 11},
+        {"verdict": "collapsed", "collapse_step": 10, "onset_correct": None, "onset_incorrect": 4, "alarm_step": None},
+        {"verdict": "held", "collapse_step": None, "onset_correct": None, "onset_incorrect": None, "alarm_step": 3},
+        {"verdict": "degraded", "collapse_step": None, "onset_correct": 6, "onset_incorrect": None, "alarm_step": None}]
+    assert spiral.cell_summary(runs) == {"runs": 5, "collapsed": 3, "degraded": 1, "held": 1, "fell_first": 1,
+                                         "fell_after": 1, "never_fell": 1, "alarm_hits": 1, "false_alarms": 1,
+                                         "incorrect_first": 2}
 
 
 def test_a_killed_evaluation_is_run_again(tmp_path):
@@ -126,7 +167,7 @@ def test_ctrl_c_outside_a_training_step_is_one_line(tmp_path):
                              "--out", str(tmp_path / "grid")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        assert proc.stdout.readline().startswith("building the world")  # inside main, building
+        assert proc.stdout.readline().startswith("building the world 0")  # inside main, building
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -134,3 +175,18 @@ def test_ctrl_c_outside_a_training_step_is_one_line(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == ("interrupted. Continue with the same spiral.py command: finished runs are "
                                             "kept and an unfinished one resumes from its newest complete checkpoint")
+
+
+def test_world_seeds_name_their_folders_and_the_tables_count_every_world():
+    assert spiral.world_folder(Path("data/world"), 0) == Path("data/world")  # the one command's world
+    assert spiral.world_folder(Path("data/world"), 12) == Path("data/world_seed12")
+    run = {"lr": 1e-3, "llds": 0.0, "seed": 0, "start_reward": 0.3, "final_reward": 0.0, "verdict": "collapsed",
+           "collapse_step": 9, "onset_correct": 6, "onset_incorrect": 4, "lead": 3, "alarm_step": 7, "alarm_lead": 2,
+           "entropy_end": 1.5, "valid_actions_end": 0.5, "test_em": 0.01, "minutes": 1.25, "test_reward": None,
+           "test_searches": None}
+    rows = [{**run, "world": 11}, {**run, "world": 12, "verdict": "held", "final_reward": 0.3, "collapse_step": None,
+                                   "lead": None, "test_em": 0.2}]
+    lines = spiral.tables(rows, {11: {"em": 0.25}, 12: {"em": 0.3}})
+    assert lines[0] == "warm start, per world: world 11: test EM 0.250; world 12: test EM 0.300"
+    assert "| 11 | 0.001 | 0 | 0 | 0.30 | 0.00 | collapsed | 9 | 6 | 4 | +3 | 7 | 1.50 | 0.50 | 0.010 | 1.2 |" in lines
+    assert lines[-1] == "| 0.001 | 0 | 2 (2 worlds) | 1 / 0 / 1 | 1 / 0 / 0 | 1 / 1 | 2 | 0.150 | 0.105 |"
