@@ -38,6 +38,7 @@ from llds import REDUCE as LLDS_REDUCE
 from policy import (autocast, batch_logp, collate, enable_grad_ckpt, free_memory, load_policy, load_reference,
                     memory_plan, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
+from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import (check_obs_budget, diverged_sampling, episode_stats, load_questions, next_prompts, rollout,
                      rollout_metrics)
 
@@ -101,6 +102,7 @@ class Args:
     save_every: int = 10  # checkpoint every N steps (also at the last step, on Ctrl-C and on SIGTERM)
     keep_checkpoints: int = 1  # complete checkpoints to keep (an old one goes only once a newer one is complete)
     alarm_k: int = 3  # LLD alarm after this many steps of non-rising correct-response likelihood
+    report_to: str = "off"  # also send each step's metrics to: off | tensorboard | wandb | trackio (pip install it)
     resume: str = ""  # run folder (its newest complete checkpoint) or checkpoints/step_N folder to continue exactly
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
 
@@ -122,7 +124,7 @@ CHOICES = {  # Args field -> its valid values, taken from the table that impleme
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
     "llds_gate": tuple(GATES), "llds_norm": tuple(NORMS), "llds_ma": ("off", *MA_SCHEDULES), "bm25": BM25_VARIANTS,
     "ref_dtype": ("bfloat16", "float32"), "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
-    "generator": tuple(GENERATORS),
+    "generator": tuple(GENERATORS), "report_to": ("off", *TRACKERS),
 }
 
 
@@ -149,6 +151,8 @@ def parse_args(argv=None) -> Args:
         value = getattr(args, name)
         if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
             ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
+    if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
+        ap.error(f"--report-to {args.report_to}: {problem}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False); "
                  "use --device cpu, or install a CUDA build of torch")
@@ -358,7 +362,8 @@ def main(args: Args, rerun: str = ""):
     generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,  # sampling, as the code
                                           temperature=args.temperature, top_p=args.top_p, batch_size=gen_rows)
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
-    with checkpoint.stop_requests(print0, dist.is_initialized()) as stop, checkpoint.io_errors_stop_the_run(out_dir, rerun):
+    with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
+          checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = time.time()
             prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
@@ -393,6 +398,7 @@ def main(args: Args, rerun: str = ""):
                             "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
             # 6. log and save
             log_step(step, metrics, history, episodes, adv, args, rank)
+            report(numbers(metrics), step)
             bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args, rerun)
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:

@@ -658,3 +658,38 @@ def test_update_metrics_are_the_same_for_micro_batches_of_1_3_and_7_rows(gate):
     _, whole = llds_loss(logp0, old_logp, adv, batch["loss_mask"], gate=gate)  # the model has not moved yet
     for key in ("llds/gate_rate", "llds/delta_mean", "llds/frac_tokens", "llds/units", "llds/kept_tokens"):
         assert logged[1][key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+
+
+# Issue 24: --report-to sends every step's metrics to a tracker (watched live), imported only when asked for
+
+
+def test_report_to_sends_each_steps_metrics_and_a_resumed_run_continues_the_same_run(files, monkeypatch):
+    """A stand-in for the wandb module (the package is no requirement of ours) records what train.py sends: one init
+    per process with the same run id for a run and its resume, each step's numeric metrics at its step, a finish."""
+    import importlib.machinery
+    import types
+
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake.init = lambda **kw: calls.append(("init", kw))
+    fake.log = lambda metrics, step: calls.append(("log", step, metrics))
+    fake.finish = lambda: calls.append(("finish",))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = files["dir"] / "tracked"
+    train_in_process(files, out, "--steps", "2", "--report-to", "wandb", "--save-every", "1")
+    history = train_in_process(files, out, "--steps", "3", "--report-to", "wandb", "--resume", str(out))
+    inits = [c[1] for c in calls if c[0] == "init"]
+    assert len(inits) == 2 and inits[0]["id"] == inits[1]["id"] and inits[0]["resume"] == "allow"
+    assert inits[0]["project"] == "llds-grpo" and inits[0]["config"]["report_to"] == "wandb"
+    logs = [c for c in calls if c[0] == "log"]
+    assert [c[1] for c in logs] == [1, 2, 3] and [c[0] for c in calls].count("finish") == 2
+    for (_, step, sent), h in zip(logs, history):
+        assert sent["rollout/reward"] == pytest.approx(h["rollout/reward"]) and "alarm/phase" not in sent
+
+
+def test_report_to_a_tracker_that_is_not_installed_is_one_line():
+    out = subprocess.run([sys.executable, "train.py", "--report-to", "trackio"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(
+        "error: --report-to trackio: the trackio package is not installed (pip install trackio), or leave --report-to off")
