@@ -268,6 +268,12 @@ def sft(model, demos, pad_id: int, steps: int, *, batch_size: int = 16, lr: floa
     return losses
 
 
+def loss_curve(losses: list[float]) -> str:
+    """The mean loss of each tenth of a run (the last part may be shorter), e.g. "2.104 1.310 ... 0.412"."""
+    tenth = max(1, len(losses) // 10)
+    return " ".join(f"{sum(losses[i:i + tenth]) / len(losses[i:i + tenth]):.3f}" for i in range(0, len(losses), tenth))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Measuring the warm start as RL will see it
 
@@ -319,10 +325,8 @@ def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 15
           f"{what}, {min(lengths)}-{max(lengths)} tokens, model turns <= {turn_len} tokens | {time.time() - t0:.1f}s")
     t1 = time.time()
     losses = sft(model, demos, tokenizer.pad_token_id, sft_steps, batch_size=batch_size, lr=lr, seed=seed)
-    tenth = max(1, len(losses) // 10)
-    curve = " ".join(f"{sum(losses[i:i + tenth]) / len(losses[i:i + tenth]):.3f}" for i in range(0, len(losses), tenth))
     print(f"warm start: {sft_steps} steps x {batch_size} demonstrations in {time.time() - t1:.0f}s | loss per tenth "
-          f"of the run: {curve}")
+          f"of the run: {loss_curve(losses)}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
