@@ -76,7 +76,8 @@ from warm_start import demonstration, loss_curve, model_turns, sampled_em, sft  
 
 def has_titles(row: dict) -> bool:
     """True if the row's metadata.supporting_titles is a non-empty list of non-blank strings."""
-    titles = row.get("metadata", {}).get("supporting_titles") if isinstance(row.get("metadata"), dict) else None
+    meta = row.get("metadata")
+    titles = meta.get("supporting_titles") if isinstance(meta, dict) else None
     return isinstance(titles, list) and bool(titles) and all(isinstance(t, str) and t.strip() for t in titles)
 
 
