@@ -26,6 +26,7 @@ Run through scripts/search_world.py (it builds the world first); the result is O
 (model + tokenizer) that train.py --model loads unchanged.
 """
 
+import contextlib
 import math
 import random
 import sys
@@ -128,12 +129,14 @@ def build_model(tokenizer, layers: int = 2, hidden: int = 128, seed: int = 0):
 
 
 def demonstration(row: dict, tokenizer, search, *, max_obs_tokens: int, topk: int = 3,
-                  answer: str | None = None, searches: bool = True) -> Episode:
+                  answer: str | None = None, searches: bool = True, max_searches: int | None = None) -> Episode:
     """One question row (search_world's, with metadata.supporting_titles) as the Episode a perfect policy's rollout
     would give: a search turn per supporting title (query = the title), each followed by the retrieved observation,
     then the answer turn with `answer` (default: the first gold). Model turns have loss_mask 1, observations 0;
     response_ids / loss_mask / answer_mask are [T]. search: (queries, topk) -> hits, as BM25Retriever.search.
-    searches=False: no search turn, only GUESS_TURN with `answer` (a policy that answers from its own belief)."""
+    searches=False: no search turn, only GUESS_TURN with `answer` (a policy that answers from its own belief).
+    max_searches: search the first titles only (the rollout's max_turns: a demonstration with more searches than the
+    rollout allows teaches turns the policy never gets to take); None: every title."""
     prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer), add_special_tokens=False)
     ep = Episode(row["question"], list(row["golden_answers"]), row["data_source"], group_id=0, prompt_ids=prompt_ids)
 
@@ -142,7 +145,7 @@ def demonstration(row: dict, tokenizer, search, *, max_obs_tokens: int, topk: in
         ep.append(ids, trained=True, answer_mask=answer_span(ids, tokenizer))
         ep.num_turns += 1
 
-    for query in row["metadata"]["supporting_titles"] if searches else ():
+    for query in row["metadata"]["supporting_titles"][:max_searches] if searches else ():
         act(SEARCH_TURN.format(query=query))
         hits = search([query], topk)[0]
         ep.append(observation_ids(format_passages(hits), tokenizer, max_obs_tokens), trained=False)
@@ -237,10 +240,11 @@ def sft_loss(model, episodes: list[Episode], pad_id: int) -> torch.Tensor:
 
 
 def sft(model, demos, pad_id: int, steps: int, *, batch_size: int = 16, lr: float = 2e-3,
-        seed: int = 0, progress: bool = True) -> list[float]:
+        seed: int = 0, progress: bool = True, amp=contextlib.nullcontext) -> list[float]:
     """AdamW on sft_loss over batches of `batch_size` demonstrations drawn at random (seeded); lr warms up linearly
     over the first 5% of the steps, then decays by a cosine to 10%. Returns the loss of every step ([steps]).
-    demos: a list of Episodes (drawn uniformly), or a draw(gen, n) function (redrawn_demonstrations)."""
+    demos: a list of Episodes (drawn uniformly), or a draw(gen, n) function (redrawn_demonstrations).
+    amp: a function giving a fresh context for each forward pass (policy.autocast: bf16 over fp32 weights)."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     warm = max(1, steps // 20)
@@ -251,7 +255,8 @@ def sft(model, demos, pad_id: int, steps: int, *, batch_size: int = 16, lr: floa
     for _ in bar:
         batch = demos(gen, batch_size) if callable(demos) else \
             [demos[i] for i in torch.randint(len(demos), (batch_size,), generator=gen).tolist()]
-        loss = sft_loss(model, batch, pad_id)
+        with amp():
+            loss = sft_loss(model, batch, pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -263,6 +268,12 @@ def sft(model, demos, pad_id: int, steps: int, *, batch_size: int = 16, lr: floa
     return losses
 
 
+def loss_curve(losses: list[float]) -> str:
+    """The mean loss of each tenth of a run (the last part may be shorter), e.g. "2.104 1.310 ... 0.412"."""
+    tenth = max(1, len(losses) // 10)
+    return " ".join(f"{sum(losses[i:i + tenth]) / len(losses[i:i + tenth]):.3f}" for i in range(0, len(losses), tenth))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Measuring the warm start as RL will see it
 
@@ -271,7 +282,8 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
                max_new_tokens: int = 48, max_obs_tokens: int = 120, seed: int = 0) -> dict:
     """Sampled rollouts of `rows` (rollout.rollout + hf_generator(do_sample=True), temperature 1, top_p 0.95, as
     train.py samples): mean EM reward overall and per data_source, the share of groups of `group_size` whose rewards
-    are not all equal (GRPO learns from those only), and executed searches per trajectory."""
+    are not all equal (GRPO learns from those only), executed searches per trajectory, and the share of trajectories
+    that gave an <answer> (a policy that never uses the tags gets no reward to learn from)."""
     torch.manual_seed(seed)
     generate = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, do_sample=True)
     eps = rollout(generate, tokenizer, rows, search, group_size=group_size, max_turns=max_turns,
@@ -279,7 +291,8 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
     reward = torch.tensor([e.reward for e in eps])  # [B]
     groups = reward.view(-1, group_size)  # [prompts, G]
     out = {"em": reward.mean().item(), "mixed": (groups.max(1).values != groups.min(1).values).float().mean().item(),
-           "searches": sum(e.num_searches for e in eps) / len(eps)}
+           "searches": sum(e.num_searches for e in eps) / len(eps),
+           "answers": sum(e.answer is not None for e in eps) / len(eps)}
     for source in sorted({e.data_source for e in eps}):
         out[source] = sum(e.reward for e in eps if e.data_source == source) / sum(e.data_source == source for e in eps)
     return out
@@ -312,10 +325,8 @@ def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 15
           f"{what}, {min(lengths)}-{max(lengths)} tokens, model turns <= {turn_len} tokens | {time.time() - t0:.1f}s")
     t1 = time.time()
     losses = sft(model, demos, tokenizer.pad_token_id, sft_steps, batch_size=batch_size, lr=lr, seed=seed)
-    tenth = max(1, len(losses) // 10)
-    curve = " ".join(f"{sum(losses[i:i + tenth]) / len(losses[i:i + tenth]):.3f}" for i in range(0, len(losses), tenth))
     print(f"warm start: {sft_steps} steps x {batch_size} demonstrations in {time.time() - t1:.0f}s | loss per tenth "
-          f"of the run: {curve}")
+          f"of the run: {loss_curve(losses)}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
