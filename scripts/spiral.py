@@ -113,15 +113,15 @@ def collapse(reward: list, w: int = WINDOW) -> dict:
     "collapsed" if final <= start / 4, "held" if final >= start / 2, "degraded" in between (a margin of start / 4: 12
     answers of 160 at start 0.3, where the old rule, final < 0.05, flipped on 2); "low start" if start < MIN_START
     (nothing to lose). collapse_step (only if collapsed):
-    the first step t from which every w-step window (steps t..t+w-1, and every later one) has a mean <= start / 4.
+    the first step t from which every w-step window (steps t..t+w-1, and every later full one) has a mean <= start / 4.
     """
     start, final = sum(reward[:w]) / len(reward[:w]), sum(reward[-w:]) / len(reward[-w:])
     verdict = ("low start" if start < MIN_START else "collapsed" if final <= start / 4
                else "held" if final >= start / 2 else "degraded")
     step = None
     if verdict == "collapsed":
-        windows = [sum(reward[t:t + w]) / len(reward[t:t + w]) for t in range(len(reward))]
-        step = next(t + 1 for t in range(len(reward)) if all(m <= start / 4 for m in windows[t:]))
+        windows = [sum(reward[t:t + w]) / w for t in range(len(reward) - w + 1)]  # full windows only; the last is final
+        step = next(t + 1 for t in range(len(windows)) if all(m <= start / 4 for m in windows[t:]))
     return {"start_reward": start, "final_reward": final, "verdict": verdict, "collapse_step": step}
 
 

@@ -58,6 +58,8 @@ def test_collapse_verdicts_do_not_flip_on_two_answers_in_160():
                 assert {base, other} != {"collapsed", "held"}, (start, correct, d)
     assert spiral.collapse([0.3] * 5 + [0.063] * 5)["verdict"] == "collapsed"  # the 0.063 after 0.3
     assert spiral.collapse([0.05] * 5 + [0.0] * 5)["verdict"] == "low start"  # nothing to lose
+    # a last step above start / 4 inside a collapsed last window: the step is found on full windows
+    assert spiral.collapse([0.3] * 5 + [0.0] * 9 + [0.25])["collapse_step"] == 5  # (0.3 + 0 * 4) / 5 <= 0.075
 
 
 def test_no_collapse_when_reward_holds():
