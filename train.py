@@ -171,6 +171,8 @@ def add_metrics(acc: dict, metrics: dict):
             raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE ('sum', 'max' or "
                            "('mean', weight key))")
         how = REDUCE[k]
+        if isinstance(how, tuple) and how[1] not in metrics:
+            raise KeyError(f"metric {k!r} is a mean weighted by {how[1]!r}, which the same metrics lack: return both")
         if how == "max":
             acc[k] = max(acc.get(k, v), v)
         else:

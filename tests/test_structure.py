@@ -104,3 +104,5 @@ def test_a_metric_without_a_reduction_is_an_error():
                                                      "grpo/ratio_max": 3.0}, rel=1e-12, abs=0)
     with pytest.raises(KeyError, match="'grpo/new_term' has no reduction: add it to grpo.REDUCE or llds.REDUCE"):
         train.add_metrics(acc, {"grpo/new_term": 1.0})
+    with pytest.raises(KeyError, match="'llds/gate_rate' is a mean weighted by 'llds/units', which the same metrics"):
+        train.add_metrics(acc, {"llds/gate_rate": 0.5})  # e.g. a course llds_loss that leaves its weight out
