@@ -214,8 +214,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     B, per_mini, grad_norms, stepped = loss_mask.shape[0], [], [], []
     for m0 in range(0, B, mini_batch_size):
         mini = slice(m0, min(m0 + mini_batch_size, B))
-        num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), ((adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)).sum(),
-                                                    mini.stop - mini.start])
+        pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)  # [b] Y_pre responses with a model token
+        num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), pre.sum(), mini.stop - mini.start])
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
         num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)  # Eqs. 9, 10
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)

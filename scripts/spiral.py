@@ -162,7 +162,8 @@ def measures(history: list[dict]) -> dict:
     return {**out, "onset_correct": onset_c, "onset_incorrect": onset_i,
             "lead": c - onset_c if c is not None and onset_c is not None else None,
             "alarm_step": alarm, "alarm_lead": c - alarm if c is not None and alarm is not None else None,
-            "entropy_end": history[-1].get("grpo/entropy"), "valid_actions_end": history[-1]["rollout/valid_action_ratio"],
+            "entropy_end": history[-1].get("grpo/entropy"),
+            "valid_actions_end": history[-1]["rollout/valid_action_ratio"],
             "s_per_step": sum(h["perf/step_s"] for h in history) / len(history)}
 
 
@@ -199,8 +200,8 @@ CELL_COLUMNS = ("lr", "lambda", "runs", "collapsed / degraded / held", "correct 
 
 
 def tables(rows: list[dict], warm: dict) -> list[str]:
-    """The grid as markdown: every run (world, lr, lambda, seed), then one line per (lr, lambda) cell over its worlds and
-    seeds (cell_summary). warm: world seed -> {"em"} (and "reward", "searches" with --test-samples)."""
+    """The grid as markdown: every run (world, lr, lambda, seed), then one line per (lr, lambda) cell over its worlds
+    and seeds (cell_summary). warm: world seed -> {"em"} (and "reward", "searches" with --test-samples)."""
     sampled = any(r["test_reward"] is not None for r in rows)
     head = RUN_COLUMNS[:-1] + (("test reward (sampled)", "test searches/traj") if sampled else ()) + RUN_COLUMNS[-1:]
     lines = ["warm start, per world: " + "; ".join(
@@ -271,8 +272,9 @@ def main(argv=None):
         sampled = sampled_on_test(files["policy"], files, out / f"{tag(w)}warm_start_sampled.json",
                                   args.test_samples) if args.test_samples else {}
         warm[w] = {"em": em, **sampled}
-        print(f"world {w} warm start: test EM {em:.3f}" + (f", sampled test reward {sampled['reward']:.3f}, "
-                                                           f"searches/traj {sampled['searches']:.2f}" if sampled else ""))
+        print(f"world {w} warm start: test EM {em:.3f}"
+              + (f", sampled test reward {sampled['reward']:.3f}, searches/traj {sampled['searches']:.2f}"
+                 if sampled else ""))
 
     rows = []
     for w, lr, lam, seed, run in cells:
@@ -296,8 +298,8 @@ def main(argv=None):
         lines[0] += f"; train.py flags besides the protocol's: {' '.join(extra)}"
     print("\n" + "\n".join(lines))
     atomic_write(out / "grid.md", "\n".join(lines) + "\n")
-    atomic_write(out / "grid.json", json.dumps({"warm_start": warm, "train_flags": extra, "world_flags": args.world_flags,
-                                                  "runs": rows}, indent=1))
+    atomic_write(out / "grid.json", json.dumps({"warm_start": warm, "train_flags": extra,
+                                                  "world_flags": args.world_flags, "runs": rows}, indent=1))
     first = [r for r in rows if r["lr"] == args.lrs[0] and r["world"] == args.world_seeds[0]]
     figure = plot_run.plot_runs([r["run"] for r in first], out / "spiral.png",
                                 labels=[f"λ={r['llds']:g} seed {r['seed']}" for r in first])
