@@ -60,7 +60,8 @@ def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6, 
     rewards: [B] float; group_ids: length-B list of hashables (or a [B] tensor / array of ids) naming the *prompt* each
     trajectory answers (P2-P4). Returns adv [B]. std is the unbiased (N-1) estimator, as torch.std in the code. A group
     of size 1 uses mean 0 and std 1 (veRL), so its advantage is the raw reward. A group whose rewards are all equal
-    gets exactly 0 (departure 3). `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the lengths differ.
+    gets exactly 0 (departure 3). `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the
+    lengths differ.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     group_ids = group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids  # tensor(0) would be a new key each
