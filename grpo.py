@@ -254,7 +254,8 @@ def grpo_loss(
     logp, old_logp = masked_float(logp, mask), masked_float(old_logp.detach(), mask)
     ref_logp = None if ref_logp is None else masked_float(ref_logp.detach(), mask)
     entropy = None if entropy is None else masked_float(entropy, mask)
-    agg_ = lambda x, mode=agg: aggregate(x, mask, mode, num_tokens, num_seqs, norm_len)  # noqa: E731
+    def agg_(x, mode=agg):
+        return aggregate(x, mask, mode, num_tokens, num_seqs, norm_len)
     ratio_fn, pg_agg = POLICY_LOSSES[policy_loss]
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
 

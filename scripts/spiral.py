@@ -173,7 +173,8 @@ def cell_summary(runs: list[dict]) -> dict:
     II/III at or before the collapse step), late alarms, misses; false alarms (an alarm in a run that did not
     collapse); the incorrect likelihood's fall before the correct one's."""
     col = [r for r in runs if r["verdict"] == "collapsed"]
-    first = lambda r: r["onset_correct"] is not None and r["onset_correct"] <= r["collapse_step"]  # noqa: E731
+    def first(r):  # the correct likelihood fell at or before the collapse
+        return r["onset_correct"] is not None and r["onset_correct"] <= r["collapse_step"]
     return {"runs": len(runs), **{v: sum(r["verdict"] == v for r in runs) for v in ("collapsed", "degraded", "held")},
             "fell_first": sum(first(r) for r in col),
             "fell_after": sum(r["onset_correct"] is not None and not first(r) for r in col),
@@ -218,7 +219,8 @@ def tables(rows: list[dict], warm: dict) -> list[str]:
     for lr, lam in dict.fromkeys((r["lr"], r["llds"]) for r in rows):
         cell = [r for r in rows if (r["lr"], r["llds"]) == (lr, lam)]
         c = cell_summary(cell)
-        mean = lambda k: sum(r[k] for r in cell) / len(cell)  # noqa: E731
+        def mean(k, cell=cell):
+            return sum(r[k] for r in cell) / len(cell)
         lines.append(f"| {lr:g} | {lam:g} | {c['runs']} ({len({r['world'] for r in cell})} worlds) | "
                      f"{c['collapsed']} / {c['degraded']} / {c['held']} | "
                      f"{c['fell_first']} / {c['fell_after']} / {c['never_fell']} | {c['alarm_hits']} / "
@@ -253,7 +255,8 @@ def main(argv=None):
                                    for f in worlds.values()), ("--out", out, True)]:
         if needed and (problem := folder_problem(folder)):
             ap.error(f"{flag} {folder}: {problem}")
-    tag = lambda w: f"world{w}_" if len(worlds) > 1 or w != 0 else ""  # noqa: E731 (one world 0: the old names)
+    def tag(w):  # one world 0: the old names
+        return f"world{w}_" if len(worlds) > 1 or w != 0 else ""
     cells = [(w, lr, lam, seed, out / f"{tag(w)}lr{lr:g}_llds{lam:g}_seed{seed}")
              for w in worlds for lr in args.lrs for lam in args.lambdas for seed in args.seeds]
     try:  # every run folder is checked before anything is built, trained or written

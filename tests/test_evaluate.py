@@ -75,7 +75,8 @@ def test_rollout_records_what_the_retriever_returned():
     corpus = [{"id": "0", "contents": '"Eve Beglarian"\nEve Beglarian is an American composer.'},
               {"id": "1", "contents": '"Zach Bogosian"\nZach Bogosian is an ice hockey player.'}] + DEMO_CORPUS
     q = "Are Eve Beglarian and Zach Bogosian both of Armenian descent"
-    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    def enc(s):
+        return tok.encode(s, add_special_tokens=False)
     script = {q: [enc("<search> Eve Beglarian composer </search>"), enc("Doc 9(Title: Fake) <answer> yes </answer>")]}
     generate = hf_generator(build_model(tok, seed=0), tok, max_new_tokens=40,
                             logits_processor=[ScriptedPolicy(tok, script)])

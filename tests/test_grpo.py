@@ -193,7 +193,8 @@ def test_ppo_ratio_capped_at_100_as_the_code():
 def _code_ppo_loss(old, logp, adv, mask, eps):
     """compute_policy_loss as core_algos.py lines 164-197 (commit ab05c96) computes it, restated: token ratio clamped to
     [-100, 100], pessimistic max of the two branches, masked token-mean; pg_clipfrac and ppo_kl over the same tokens."""
-    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731  verl_F.masked_mean
+    def mean(x):  # verl_F.masked_mean
+        return (x * mask).sum() / mask.sum()
     ratio = torch.clamp(torch.exp(logp - old), -100, 100)
     a, b = -adv * ratio, -adv * torch.clamp(ratio, 1 - eps, 1 + eps)
     return mean(torch.max(a, b)), mean((b > a).float()), mean(old - logp)
@@ -307,7 +308,8 @@ def _code_gspo_loss(old, logp, adv, mask, eps):
     a, b = -adv * ratio, -adv * torch.clamp(ratio, 1 - eps, 1 + eps)
     per_row = (torch.maximum(a, b) * mask).sum(-1) / (mask.sum(-1) + 1e-8)
     rows = (mask.sum(-1) > 0).float()
-    mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731  verl_F.masked_mean
+    def mean(x):  # verl_F.masked_mean
+        return (x * mask).sum() / mask.sum()
     return (per_row * rows).sum() / rows.sum(), mean((b > a).float()), mean(-neg_kl)
 
 

@@ -34,7 +34,8 @@ def test_prepare_data_on_fixtures(tmp_path):
     assert [r["contents"].split("\n")[0] for r in corpus].count('"Apple"') == 1
 
     assert len(load_questions(str(tmp_path / "hotpotqa_train.jsonl"))) == 3  # rollout.py / train.py read them
-    read = lambda name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]  # noqa: E731
+    def read(name):
+        return [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
     train, dev = read("hotpotqa_train.jsonl"), read("hotpotqa_validation.jsonl")
     assert [q["id"] for q in train] == ["fx1", "fx2", "fx3"] and [q["id"] for q in dev] == ["fx4"]
     assert train[1] == {"id": "fx2", "question": "Which city is the capital of the country where the Rhine ends?",

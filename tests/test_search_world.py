@@ -179,7 +179,8 @@ def test_a_guess_replays_through_rollout(world, tok, retriever):
     row = world["train"][0]
     demo = S.demonstration(row, tok, retriever.search, max_obs_tokens=120, answer="Nowhere", searches=False)
     (turn,) = S.model_turns(demo)
-    generate = lambda contexts: [turn]  # noqa: E731
+    def generate(contexts):
+        return [turn]
     generate.eos_ids = frozenset({tok.eos_token_id})
     (ep,) = rollout(generate, tok, [row], retriever.search, group_size=1, max_turns=2, max_obs_tokens=120)
     assert (ep.response_ids, ep.loss_mask, ep.answer_mask) == (demo.response_ids, demo.loss_mask, demo.answer_mask)
