@@ -78,3 +78,17 @@ def test_walkthrough_line_ranges_match_the_code():
             wrong.append(f"{row['file']} {row['function']} is at {r}")
     assert not wrong, "README.md's paper -> code table is out of date:\n  " + "\n  ".join(wrong) + \
         "\nthe rows as they should read:\n" + "\n".join(fixed)
+
+
+def prose_words(text: str) -> int:
+    """Words of README.md outside its ``` code blocks (tables and headings count: they are read)."""
+    return len(re.sub(r"```.*?```", "", text, flags=re.DOTALL).split())
+
+
+def test_the_map_comes_first_and_the_prose_stays_short():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert headings.index("Paper to code") < next(i for i, h in enumerate(headings) if h.startswith("Quick start"))
+    assert headings.index("Paper to code") == 1, headings  # right after "What this is" and its one-step diagram
+    assert prose_words(text) <= 1500, f"README.md has {prose_words(text)} words of prose: move detail to docs/"
+    assert prose_words("a b\n```bash\nc d e\n```\nf") == 3  # code blocks are not prose
