@@ -271,8 +271,8 @@ def paper_row(label: str) -> list[float | None]:
 
 
 def recipe_row(model_path) -> tuple[str | None, Path | None]:
-    """(the paper row, the args.json it came from) for a checkpoint of a train.py run: the RECIPES row whose settings all
-    equal the run's saved args (a run folder, or checkpoints/step_N inside one). (None, file) when none matches,
+    """(the paper row, the args.json it came from) for a checkpoint of a train.py run: the RECIPES row whose settings
+    all equal the run's saved args (a run folder, or checkpoints/step_N inside one). (None, file) when none matches,
     (None, None) when there is no args.json (e.g. a hub id)."""
     path = Path(model_path)
     for folder in (path, path.parent.parent):
@@ -407,8 +407,8 @@ def main(argv=None):
     ap.add_argument("--benchmarks", default="", help=f"'all' or a comma list of {', '.join(BENCHMARKS)} ({FLASHRAG})")
     ap.add_argument("--split", default="test", help="split for hub ids given with --data")
     ap.add_argument("--compare-paper", nargs="?", const="", default=None, metavar="ROWS",
-                    help="print the paper's EM rows beside ours: those whose label contains ROWS (e.g. 3B-Ins); without "
-                    "ROWS, the row whose recipe the checkpoint's run used (its args.json), else all")
+                    help="print the paper's EM rows beside ours: those whose label contains ROWS (e.g. 3B-Ins); "
+                    "without ROWS, the row whose recipe the checkpoint's run used (its args.json), else all")
     ap.add_argument("--corpus", default="data/hotpotqa/corpus.jsonl",
                     help="retrieval corpus (wiki-18 jsonl format; default: scripts/prepare_data.py's output)")
     ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
@@ -423,8 +423,9 @@ def main(argv=None):
     ap.add_argument("--max-obs-tokens", type=int, default=500, help="tokens per <information> block")
     ap.add_argument("--topk", type=int, default=3, help="passages per search")
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
-    ap.add_argument("--generator", default="hf", choices=tuple(GENERATORS), help="decoding: hf (re-prefill every turn) | "
-                    "hf-kv (KV caches kept across turns; engine.py); greedy ids are the same")
+    ap.add_argument("--generator", default="hf", choices=tuple(GENERATORS),
+                    help="decoding: hf (re-prefill every turn) | hf-kv (KV caches kept across turns; engine.py); "
+                    "greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json, RUN/eval_step_N.json for a "
@@ -483,7 +484,10 @@ def main(argv=None):
         which = args.compare_paper
         if not which:  # the row this checkpoint's run reproduces, from its args.json
             row, file = recipe_row(args.model)
-            print(f"\npaper row of {file}: {row}" if row else f"\n{file or args.model}: no recipe row matches; all rows")
+            if row:
+                print(f"\npaper row of {file}: {row}")
+            else:
+                print(f"\n{file or args.model}: no recipe row matches; all rows")
             which = row or ""
         print("\n" + "\n".join(compare_lines(table, which)))
 

@@ -32,10 +32,11 @@ the loss used: r_t or s_i) have no official counterpart.
 Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
   1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (P4: Search-R1 pools
      NQ row i with HotpotQA row i).
-  2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so splitting a
-     mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch). Likewise GSPO's
-     seq-mean-token-mean divides by the mini-batch's row count `num_seqs` (the code: per micro-batch, then / grad_accum;
-     the same for equal micro-batches, except that it leaves rows without a loss token out of the count).
+  2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so
+     splitting a mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch).
+     Likewise GSPO's seq-mean-token-mean divides by the mini-batch's row count `num_seqs` (the code: per micro-batch,
+     then / grad_accum; the same for equal micro-batches, except that it leaves rows without a loss token out of the
+     count).
   3. A group whose rewards are all equal gets advantage exactly 0 even for non-binary rewards (the code's float mean
      can leave a 1e-17 residue that the 1e-6 denominator blows up to 1e-11).
   4. The PPO log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
@@ -93,15 +94,16 @@ def kl_k1(logp, ref_logp):
 
 
 def kl_k2(logp, ref_logp):
-    """k2 = 0.5 (log pi - log pi_ref)^2: low variance, biased; its gradient is the true KL gradient's first-order term."""
+    """k2 = 0.5 (log pi - log pi_ref)^2: low variance, biased; its gradient is the true KL gradient's first-order
+    term."""
     return 0.5 * (logp - ref_logp) ** 2
 
 
 def kl_k3(logp, ref_logp):
     """k3 ("low_var_kl") = exp(ref - logp) - (ref - logp) - 1 >= 0, clamped to [-10, 10] as the code does.
 
-    The log-ratio is clamped to [-20, 20] first (departure 4) so exp never overflows. Used in the loss, its gradient is a
-    biased estimate of the reverse-KL gradient (P15b); it is the official default.
+    The log-ratio is clamped to [-20, 20] first (departure 4) so exp never overflows. Used in the loss, its gradient is
+    a biased estimate of the reverse-KL gradient (P15b); it is the official default.
     """
     log_ratio = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)  # float32: in fp16 exp overflows past ~11 nats
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
