@@ -100,8 +100,10 @@ def child_rollout(model: str, questions: int, amp: str):
     bf16, as train.py --amp bf16 generates); prints one JSON line."""
     import torch
 
+    from data import load_questions
+    from engine import hf_generator
     from retriever import make_retriever
-    from rollout import hf_generator, load_questions, rollout
+    from rollout import rollout
     from policy import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
