@@ -5,12 +5,12 @@ For each corpus (data.DEMO_CORPUS's 5 passages written to a temp file, plus --co
 backlog (--backlog: by default 5, Python's socketserver default that the server had before issue 11, and
 retrieval_server.LISTEN_BACKLOG), it starts `python scripts/retrieval_server.py --port 0 --backlog N` in a subprocess,
 reads the URL from its first stdout line, and sends one-query POST /retrieve requests from 1, 16 and 1,000 concurrent
-clients (--clients). The queries are passage titles of the corpus, so each one has hits. Every client sends a fixed number of
-requests (max(1, --requests / clients)), one after another, each with a --timeout from connect to last byte, so a
-level lasts at most (requests per client) x timeout; the total time is printed. Per level it prints the answered
-requests per second, p50/p99 latency of the answered requests and the errors by kind: connection reset, refused,
-timed out, answered but not 200, other. The clients are one asyncio loop in this process and share the CPUs with the
-server (and anything else running): compare the figures of one run with each other.
+clients (--clients). The queries are passage titles of the corpus, so each one has hits. Every client sends a fixed
+number of requests (max(1, --requests / clients)), one after another, each with a --timeout from connect to last byte,
+so a level lasts at most (requests per client) x timeout; the total time is printed. Per level it prints the answered
+requests per second, p50/p99 latency of the answered requests and the errors by kind: connection reset, refused, timed
+out, answered but not 200, other. The clients are one asyncio loop in this process and share the CPUs with the server
+(and anything else running): compare the figures of one run with each other.
 Not a test: nothing is asserted on time.
 
     python benchmarks/bench_server.py                                     # toy corpus, backlog 5 and 1024: ~30 s

@@ -146,7 +146,8 @@ def fsdp_part():
     diff = {"losses": 0.0, "grad_norms": 0.0, "weights": 0.0}
     for a, b in zip(one, two):
         for ma, mb in zip(a["metrics"], b["metrics"]):
-            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k]) for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
+            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k])
+                                                     for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
         diff["grad_norms"] = max([diff["grad_norms"]] + [abs(x - y) for x, y in zip(a["grad_norms"], b["grad_norms"])])
         diff["weights"] = max([diff["weights"]] + [abs(x - y) for k in a["weights"]
                                                    for x, y in zip(a["weights"][k], b["weights"][k])])
@@ -158,7 +159,8 @@ def fsdp_part():
 def main():
     global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
+    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"],
+                    choices=["tiny", "smollm2", "qwen0.5b"])
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
     ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")
