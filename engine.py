@@ -1,12 +1,13 @@
 """Decoding engines for rollout's `generate(contexts) -> new ids` seam, chosen by train.py/evaluate.py `--generator`.
 
-`hf` is `rollout.hf_generator`: every turn re-prefills each row's whole context (prompt + all earlier actions and
-observations) in a fresh `model.generate` call. `hf-kv` (`kv_generator` below) is the same `model.generate`, with the
-same GenerationConfig, but each call of gen_batch_size rows keeps its KV cache (transformers' DynamicCache) from one
-turn to the next: the next turn feeds only what the row does not have cached (the last sampled token, the observation
-or invalid-action message), so the prefill of turn t costs the new tokens only, not the whole context. That is the
-part of the cost issue 16 measured as largest on our CPU (1.5-1.7x fewer useful tokens/s with 3 turns); the measured
-gain is in docs/scaling.md ("Keeping the KV cache across turns").
+Both are Hugging Face's `model.generate` with one GenerationConfig that keeps rollout.py's departures 6-8 (ids beyond
+the tokenizer never sampled, a turn stops at its first </search> or </answer>, sampling by temperature and top_p only).
+`hf` (`hf_generator`) re-prefills each row's whole context (prompt + all earlier actions and observations) in a fresh
+`model.generate` call every turn. `hf-kv` (`kv_generator`) keeps each call's KV cache (transformers' DynamicCache) of
+gen_batch_size rows from one turn to the next: the next turn feeds only what the row does not have cached (the last
+sampled token, the observation or invalid-action message), so the prefill of turn t costs the new tokens only, not the
+whole context. Re-prefilling was the largest cost measured on our CPU (1.5-1.7x fewer useful tokens/s with 3 turns);
+the gain of keeping the cache is in docs/scaling.md ("Keeping the KV cache across turns").
 
 How a cached row is extended (shapes: n rows of a call, W cached positions, P the longest new piece):
   * after a call, the cache holds W = sequences.shape[1] - 1 positions per row (the last sampled token has no KV yet);
@@ -22,7 +23,7 @@ greedy ids match exactly in tests/test_engine.py; sampled ids match too while th
 calls then hold the same rows in the same order as hf's and draw the same random numbers (a rounding difference at a
 top-p boundary can move one sample; it is not a different distribution).
 
-Departures from rollout.hf_generator (the ids kept and the sampling are the same: departures 6-8 hold):
+Departures of hf-kv from hf (the ids kept and the sampling are the same: departures 6-8 hold):
   1. Rows keep the call they started in: a call's rows that stopped leave it (their cache rows are dropped,
      DynamicCache.batch_select_indices), and calls are never merged or refilled, so with more rows than gen_batch_size
      the calls hold different rows than hf's re-chunked calls (the ids differ from hf's under sampling; same
@@ -37,9 +38,55 @@ Departures from rollout.hf_generator (the ids kept and the sampling are the same
 Run `python engine.py` for a demo: greedy turns of a tiny random model, both engines, the same ids (seconds).
 """
 
-import torch
+import contextlib
 
-from rollout import hf_generator
+import torch
+from transformers import GenerationConfig
+
+from rollout import STOP_STRINGS
+
+
+def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
+                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+    """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded contexts.
+
+    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95), and
+    nothing else (departure 8, P17); do_sample=False is greedy (evaluation). batch_size: rows per generate call
+    (memory). logits_processor: extra processors (tests script the policy with one). Stops at the first EOS (the
+    model's generation_config EOS ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are
+    never sampled (departure 6, P16).
+
+    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with generate.eos_ids (a frozenset).
+    A row that stopped early is padded to the longest row of its call; `cut_turn` drops the padding.
+    """
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
+    eos_ids.add(tokenizer.eos_token_id)
+    pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
+        top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
+        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),
+        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # departure 6 (P16)
+    )
+
+    def generate(contexts: list[list[int]]) -> list[list[int]]:
+        device = next(model.parameters()).device
+        out = []
+        for i in range(0, len(contexts), batch_size):
+            batch = contexts[i:i + batch_size]
+            width = max(len(c) for c in batch)
+            input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
+            # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
+            attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
+            with torch.no_grad():
+                ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                     generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
+            out += ids[:, width:].tolist()  # [n, new]
+        return out
+
+    generate.eos_ids, generate.gen_cfg = frozenset(eos_ids), gen_cfg  # gen_cfg: kv_generator's too
+    return generate
 
 
 def _kept_prefix(tokens: list[int], mask: list[int], context: list[int]) -> tuple[int, int]:
@@ -66,9 +113,9 @@ def _extends(context: list[int], prev: list[int]) -> bool:
 
 def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
                  do_sample: bool = True, batch_size: int = 64, logits_processor=None):
-    """The `hf-kv` engine: rollout.hf_generator's `model.generate`, with each call's KV cache kept across turns.
+    """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across turns.
 
-    Arguments as rollout.hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
+    Arguments as hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row that stopped early is padded to
     its call's longest row: `cut_turn` drops it), with generate.eos_ids (a frozenset), and generate.reset() to drop the
     kept caches (rollout need not call it: a context that extends no kept row starts afresh).
@@ -152,6 +199,20 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
 
 GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator}  # --generator's choices (train.py, evaluate.py)
 
+
+@contextlib.contextmanager
+def diverged_sampling(step: int):
+    """Around a rollout: sampling from a policy whose logits overflowed fails inside torch.multinomial with a
+    RuntimeError; say what it means instead (SystemExit, one line naming the training step)."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "probability tensor contains" in str(err):
+            raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower "
+                             "--lr)") from None
+        raise
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
@@ -163,7 +224,10 @@ if __name__ == "__main__":
 
     tok = build_tokenizer()
     model = build_model(tok, seed=0)
-    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
     contexts = [enc("Question: where is the tower?"), enc("Hi")]  # two rows of different lengths: left padding
     for name, make in GENERATORS.items():
         generate = make(model, tok, max_new_tokens=6, do_sample=False)

@@ -37,10 +37,11 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import STEP_RE, atomic_write, enclosing_checkpoint, folder_problem
+from data import load_questions, passage_title
 from engine import GENERATORS
 from policy import load_policy
-from retriever import BM25_VARIANTS, make_retriever, passage_title
-from rollout import check_obs_budget, em_check, load_questions, normalize_answer, rollout
+from retriever import BM25_VARIANTS, make_retriever
+from rollout import check_obs_budget, em_check, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
@@ -199,7 +200,7 @@ def sub_em(prediction: str | None, golden_answers) -> float:
 
 def retrieved_titles(retrieved: list[list[dict]]) -> list[str]:
     """Titles of all passages a trajectory's searches returned (Episode.retrieved: one list of hits per search), in
-    order, outer quotes removed (retriever.passage_title)."""
+    order, outer quotes removed (data.passage_title)."""
     return [passage_title(hit) for hits in retrieved for hit in hits]
 
 
@@ -415,7 +416,7 @@ def main(argv=None):
     ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
     ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="in-process BM25 scoring: lucene "
                     "(Lucene's BM25 and English analyzer, as pyserini) or okapi (rank-bm25, \\w+ words); a "
-                    "--retriever-url server scores as started (retriever.py serve --bm25)")
+                    "--retriever-url server scores as started (scripts/retrieval_server.py --bm25)")
     ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
     ap.add_argument("--max-turns", type=int, default=EVAL_MAX_TURNS, help="search budget (the paper evaluates with 4)")

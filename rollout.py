@@ -1,4 +1,4 @@
-"""Multi-turn search rollouts (Search-R1 protocol) and the exact-match reward.
+"""Multi-turn search rollouts as Search-R1 runs them, each scored by its exact-match reward.
 
 Source: Search-R1 `search_r1/llm_agent/generation.py` (run_llm_loop), `verl/utils/reward_score/qa_em.py` and
 `scripts/data_process/qa_search_train_merge.py` (prompt), as the LLDS paper (arXiv 2512.04220, v2 Sec. 3 and App. B.2.1)
@@ -11,10 +11,10 @@ Every row of a batch is one trajectory; the G trajectories of a prompt are conti
 prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens.
 
 `rollout` takes its two engines as callables: `generate(contexts) -> new ids per context`, with `generate.eos_ids`
-(`hf_generator` builds the Hugging Face one; a vLLM or SGLang engine is one more such function, and must keep
+(engine.py builds the Hugging Face ones; a vLLM or SGLang engine is one more such function, and must keep
 departures 6-8: no ids beyond the tokenizer, stop at the first tag, sample by temperature and top_p only), and
 `search(queries, topk) -> hits per query` (retriever.BM25Retriever.search, RemoteRetriever.search). The model sees the
-hits as retriever.format_passages writes them; Episode.retrieved keeps the hits themselves (ids, contents, scores).
+hits as `format_passages` writes them; Episode.retrieved keeps the hits themselves (ids, contents, scores).
 
 Departures from Search-R1 (each fixes a bug listed in docs/pitfalls.md):
   1. The trained ids are the sampled ids (P7): a turn is cut after its first </search> or </answer> *by token index*;
@@ -44,20 +44,15 @@ whose text parses as <search> or <answer> (valid_action_stats); num_valid_search
 *including* one in the final answer-only turn, which is not executed (valid_search_stats, :295, :338, :515-520; the
 LLDS-MA schedule averages it, dp_actor.py:275-277); num_searches = searches actually executed (logging).
 
-Run `python rollout.py` for a demo of the prompt, reward and observation format (seconds, no model);
-`python rollout.py --model <folder or hub id> --corpus CORPUS.jsonl` rolls out two real questions.
+Run `python rollout.py` for a demo of the reward and the observation format (seconds, no model); evaluate.py rolls
+out a real model on real questions.
 """
 
-import contextlib
 import re
 import string
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
-from transformers import GenerationConfig
-
-from retriever import format_passages
 
 PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
@@ -82,7 +77,8 @@ WORD_END = re.compile(r".*\S(?= )", re.DOTALL)  # greedy: ends at the last non-s
 
 
 def normalize_answer(s: str) -> str:
-    """Search-R1 / SQuAD normalisation, in its exact order: lower, drop ASCII punctuation, drop a/an/the, squash spaces."""
+    """Search-R1 / SQuAD normalisation, in its exact order: lower, drop ASCII punctuation, drop a/an/the, squash
+    spaces."""
     s = s.lower()
     s = "".join(ch for ch in s if ch not in set(string.punctuation))
     s = re.sub(r"\b(a|an|the)\b", " ", s)
@@ -120,78 +116,6 @@ def extract_answer(response_text: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Questions (FlashRAG format: question, golden_answers, data_source)
-
-
-def _check_row(row, where: str) -> dict:
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    golds = row.get("golden_answers")
-    if golds is None and isinstance(row.get("reward_model"), dict):  # Search-R1's verl parquet rows
-        golds = row["reward_model"].get("ground_truth", {}).get("target")
-    if not isinstance(row.get("question"), str) or not row["question"].strip():
-        raise ValueError(f"{where}: missing or empty field 'question'")
-    if isinstance(golds, str):
-        golds = [golds]
-    if golds is None:
-        raise ValueError(f"{where}: missing field 'golden_answers'")
-    if len(golds) == 0 or not all(isinstance(g, str) for g in golds):
-        raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings, got {golds!r}")
-    out = {"question": row["question"], "golden_answers": list(golds), "data_source": row.get("data_source")}
-    # FlashRAG's optional fields travel for evaluation (metadata.supporting_titles -> retrieval recall); never prompted
-    return out | {k: row[k] for k in ("id", "metadata") if row.get(k) is not None}
-
-
-def load_questions(source: str, split: str = "train") -> list[dict]:
-    """Question rows {"question", "golden_answers", "data_source"} (plus "id" and "metadata" when the row has them)
-    from a local .jsonl / .parquet file or the hub.
-
-    source: a file path, or a hub dataset id with an optional config after a colon (e.g.
-    "RUC-NLPIR/FlashRAG_datasets:hotpotqa", "PeterJinGo/nq_hotpotqa_train"), loaded with `datasets` (users with
-    internet). A missing data_source defaults to the file stem / config name. A .jsonl file is read as
-    `retriever.read_jsonl` reads a corpus: UTF-8, a byte-order mark accepted at the very start only. Raises
-    FileNotFoundError for a missing file and ValueError naming the file, line and field (or byte and column) for a bad
-    row or line, and for an empty file.
-    """
-    from pathlib import Path
-
-    path = Path(source).expanduser()
-    if path.suffix in (".jsonl", ".json", ".parquet") or path.exists():
-        if not path.is_file():
-            raise FileNotFoundError(f"question file not found: {source}")
-        if path.suffix == ".parquet":
-            import datasets
-
-            raw = [(f"{source}: row {i}", r) for i, r in enumerate(datasets.load_dataset("parquet", data_files=str(path), split="train"))]
-        else:  # UTF-8, a BOM allowed at the start only; bad bytes or JSON name the line (retriever.read_jsonl)
-            from retriever import read_jsonl
-
-            raw = [(f"{source}:{n}", row) for n, row in read_jsonl(path, name=source)]
-        default_source = path.stem.split("_")[0]
-    else:
-        import datasets
-
-        name, _, config = source.partition(":")
-        raw = [(f"{source} [{split}] row {i}", r) for i, r in enumerate(datasets.load_dataset(name, config or None, split=split))]
-        default_source = config or name.split("/")[-1]
-    rows = [_check_row(r, where) for where, r in raw]
-    if not rows:
-        raise ValueError(f"{source}: no questions (empty file or split)")
-    for r in rows:
-        r["data_source"] = r["data_source"] or default_source
-    return rows
-
-
-def next_prompts(rows: list[dict], order: list[int], n: int, seed: int) -> tuple[list[dict], list[int]]:
-    """The next n questions of `rows` and the order left after them. `order` holds the indices still to come in this
-    epoch; when fewer than n remain, a new epoch's seeded permutation is appended (numpy default_rng(seed)), so every
-    question comes once per epoch, and the order (saved in checkpoints) makes a resumed run take the same questions."""
-    if len(order) < n:
-        order = order + np.random.default_rng(seed).permutation(len(rows)).tolist()
-    return [rows[i] for i in order[:n]], order[n:]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Prompt and observations
 
 
@@ -205,8 +129,23 @@ def make_prompt(question: str, tokenizer) -> str:
         q += "?"
     text = PROMPT.format(question=q)
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
     return text
+
+
+def format_passages(hits: list[dict]) -> str:
+    """One query's hits -> the observation text, as Search-R1's `_passages2string` (generation.py) builds it.
+
+    Each hit's contents '"Title"\\ntext' gives the line f"Doc {i+1}(Title: {title}) {text}\\n", where title is the first
+    line (quotes kept) and text the remaining lines joined by "\\n". No hits -> "".
+    """
+    out = ""
+    for i, hit in enumerate(hits):
+        lines = hit["document"]["contents"].split("\n")
+        title, text = lines[0], "\n".join(lines[1:])
+        out += f"Doc {i + 1}(Title: {title}) {text}\n"
+    return out
 
 
 def _word_prefix(text: str, n: int) -> str:
@@ -233,7 +172,8 @@ def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
     tail = tokenizer.encode(OBS_TAIL, add_special_tokens=False)
     budget = max_obs_tokens - len(head) - len(tail)
     if budget < 0:
-        raise ValueError(f"max_obs_tokens={max_obs_tokens} cannot hold the <information> tags ({len(head) + len(tail)})")
+        raise ValueError(f"max_obs_tokens={max_obs_tokens} cannot hold the <information> tags "
+                         f"({len(head) + len(tail)})")
     text, n = docs.strip(), 8 * budget + 64  # Qwen: ~4 characters per English token, so one pass is the rule
     while True:
         prefix = _word_prefix(text, n)
@@ -280,7 +220,10 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
         if t in eos_ids:  # NOTE(departure): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
             new_ids, ended_on_eos = new_ids[: k + 1], True
             break
-    has_stop = lambda text: any(s in text for s in STOP_STRINGS)  # noqa: E731
+
+    def has_stop(text: str) -> bool:
+        return any(s in text for s in STOP_STRINGS)
+
     if new_ids and has_stop(tokenizer.decode(new_ids)):
         # NOTE(departure): cut by token index, never decode + re-encode as Search-R1 does (P7)
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
@@ -325,7 +268,7 @@ class Episode:
     reward: float = 0.0
     num_searches: int = 0  # searches executed
     num_valid_searches: int = 0  # turns that parsed as <search>, the unexecuted one of the final turn too (LLDS-MA's V)
-    retrieved: list = field(default_factory=list)  # one list of hits (retriever.search) per executed search
+    retrieved: list = field(default_factory=list)  # one list of hits (the `search` callable's) per executed search
     num_turns: int = 0  # generation calls
     num_valid_actions: int = 0
     ended_on_eos: bool = False
@@ -346,62 +289,6 @@ class Episode:
         self.answer_mask += answer_mask
 
 
-def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
-                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
-    """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded contexts.
-
-    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95), and
-    nothing else (departure 8, P17); do_sample=False is greedy (evaluation). batch_size: rows per generate call
-    (memory). logits_processor: extra processors (tests script the policy with one). Stops at the first EOS (the
-    model's generation_config EOS ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are
-    never sampled (departure 6, P16).
-
-    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with generate.eos_ids (a frozenset).
-    A row that stopped early is padded to the longest row of its call; `cut_turn` drops the padding.
-    """
-    eos_ids = model.generation_config.eos_token_id
-    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
-    eos_ids.add(tokenizer.eos_token_id)
-    pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
-    gen_cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
-        top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),
-        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # departure 6 (P16)
-    )
-
-    def generate(contexts: list[list[int]]) -> list[list[int]]:
-        device = next(model.parameters()).device
-        out = []
-        for i in range(0, len(contexts), batch_size):
-            batch = contexts[i:i + batch_size]
-            width = max(len(c) for c in batch)
-            input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
-            # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
-            attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
-            with torch.no_grad():
-                ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                     generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
-            out += ids[:, width:].tolist()  # [n, new]
-        return out
-
-    generate.eos_ids, generate.gen_cfg = frozenset(eos_ids), gen_cfg  # gen_cfg: engine.kv_generator's too
-    return generate
-
-
-@contextlib.contextmanager
-def diverged_sampling(step: int):
-    """Around a rollout: sampling from a policy whose logits overflowed fails inside torch.multinomial with a
-    RuntimeError; say what it means instead (SystemExit, one line naming the training step)."""
-    try:
-        yield
-    except RuntimeError as err:
-        if "probability tensor contains" in str(err):
-            raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower "
-                             "--lr)") from None
-        raise
-
-
 def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 5, max_turns: int = 3,
             max_obs_tokens: int = 500, topk: int = 3) -> list[Episode]:
     """Roll out `group_size` trajectories per question; returns len(rows) * group_size Episodes, groups contiguous.
@@ -409,10 +296,10 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
     generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) -> [N] lists of new
     ids, the turn up to its first EOS or stop string, possibly followed by more (padding, overshoot: `cut_turn` drops
     it), with an `eos_ids` attribute (the ids that end a turn) and an optional `reset()`, called when the rollout ends:
-    `hf_generator(model, tokenizer, ...)`, engine.kv_generator, or any function.
+    engine.hf_generator(model, tokenizer, ...), engine.kv_generator, or any function.
     search: a callable (queries: list[str], topk: int) -> one list of hits per query, as retriever.BM25Retriever.search
     and RemoteRetriever.search give them ([{"document": {"id", "contents"}, "score"}, ...]); the model sees
-    retriever.format_passages of them, the Episode keeps them (Episode.retrieved).
+    `format_passages` of them, the Episode keeps them (Episode.retrieved).
     rows: dicts with "question", "golden_answers" (list of str) and optional "data_source". max_turns: search-enabled
     generations before the final answer-only one (LLDS trains with 3, Search-R1 with 4). max_obs_tokens: per
     observation (departure 4). topk: passages per search.
@@ -493,28 +380,20 @@ def rollout_metrics(stats: torch.Tensor, loss_mask: torch.Tensor, group_size: in
 # ----------------------------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    import argparse
+    from data import DEMO_CORPUS
 
-    ap = argparse.ArgumentParser(description="Search-R1 rollout demo")
-    ap.add_argument("--model", help="model folder or hub id; without it, only the model-free parts are shown")
-    ap.add_argument("--corpus", help="corpus jsonl for --model runs (default: retriever.py's 5-document toy corpus)")
-    args = ap.parse_args()
     print(normalize_answer("The  Eiffel-Tower!"))  # eiffeltower  (ASCII punctuation is deleted, not spaced)
     print(em_check("the Eiffel Tower", ["Eiffel Tower", "La tour Eiffel"]))  # 1.0
     print(extract_answer("<think>..</think><answer> Paris </answer> then <answer> Lyon </answer>"))  # Lyon
     print(repr(INVALID_ACTION[:30]))  # '\nMy previous action is invalid'
 
-    from retriever import DEMO_CORPUS, BM25Retriever
+    def search(queries: list[str], topk: int) -> list[list[dict]]:
+        """A stand-in for retriever.BM25Retriever.search: the passages holding the most query words, best first."""
+        def shared_words(query: str, row: dict) -> int:
+            return len(set(query.lower().split()) & set(re.findall(r"\w+", row["contents"].lower())))
 
-    retriever = BM25Retriever.from_jsonl(args.corpus) if args.corpus else BM25Retriever(DEMO_CORPUS)
-    print(OBS_HEAD + retriever(["Eiffel Tower Paris"], 1)[0].strip() + OBS_TAIL)  # \n\n<information>Doc 1(Title: ...
-    if args.model:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        return [[{"document": row, "score": float(shared_words(q, row))}
+                 for row in sorted(DEMO_CORPUS, key=lambda row: -shared_words(q, row))[:topk]] for q in queries]
 
-        tok = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model).eval()
-        rows = [{"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"]}]
-        generate = hf_generator(model, tok, max_new_tokens=64)
-        for ep in rollout(generate, tok, rows, retriever.search, group_size=2, max_turns=2, max_obs_tokens=200):
-            print(f"--- reward {ep.reward} searches {ep.num_searches} model tokens {sum(ep.loss_mask)}/"
-                  f"{len(ep.loss_mask)}\n{ep.text}")
+    print(OBS_HEAD + format_passages(search(["Eiffel Tower Paris"], 1)[0]).strip() + OBS_TAIL)
+    # \n\n<information>Doc 1(Title: "Eiffel Tower") The Eiffel Tower is in Paris, France.</information>\n\n

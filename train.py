@@ -30,7 +30,8 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import checkpoint
-from engine import GENERATORS
+from data import load_questions, next_prompts
+from engine import GENERATORS, diverged_sampling
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
@@ -39,8 +40,7 @@ from policy import (autocast, batch_logp, collate, enable_grad_ckpt, free_memory
                     memory_plan, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
-from rollout import (check_obs_budget, diverged_sampling, episode_stats, load_questions, next_prompts, rollout,
-                     rollout_metrics)
+from rollout import check_obs_budget, episode_stats, rollout, rollout_metrics
 
 @dataclass
 class Args:
@@ -53,7 +53,7 @@ class Args:
     # --- data and retrieval
     train_data: str = "data/hotpotqa/hotpotqa_train.jsonl"  # FlashRAG .jsonl/.parquet or hub id[:config]
     corpus: str = "data/hotpotqa/corpus.jsonl"  # passages, jsonl {"id", "contents": '"Title"\\ntext'}
-    retriever_url: str = ""  # a Search-R1 /retrieve server (python retriever.py serve); "" = in-process BM25
+    retriever_url: str = ""  # a Search-R1 /retrieve server (scripts/retrieval_server.py); "" = in-process BM25
     retriever_timeout: float = 30.0  # seconds per --retriever-url request (3 tries, a warning after each failure)
     bm25: str = "lucene"  # lucene (pyserini's BM25 + English analyzer) | okapi (rank-bm25); in-process only
     # --- rollout

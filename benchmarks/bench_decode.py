@@ -27,8 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts"), str(ROOT / "benchmarks")]
 
+from data import load_questions  # noqa: E402
 from engine import GENERATORS  # noqa: E402
-from rollout import cut_turn, load_questions, rollout  # noqa: E402
+from rollout import cut_turn, rollout  # noqa: E402
 
 
 def world_batch(tmp: Path):

@@ -1,5 +1,5 @@
 """Benchmark: retrieval quality of the BM25 variants, and speed of rank-bm25 (the reference engine) vs the sparse
-engine of retriever.py, side by side in one run.
+engine of bm25.py, side by side in one run.
 
 Quality (--part recall): recall@3 of the supporting titles, for three scorings: okapi over \\w+ words (rank-bm25's
 BM25Okapi, `--bm25 okapi`), lucene over \\w+ words (Lucene's BM25 formula alone) and lucene over Lucene's English
@@ -40,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from retriever import BM25Retriever, SparseBM25, load_corpus  # noqa: E402
+from bm25 import SparseBM25  # noqa: E402
+from data import load_corpus  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
 
 DATA = Path(os.environ.get("BENCH_DATA", ROOT / "data" / "hotpotqa"))  # --data (children read it from the env)
 

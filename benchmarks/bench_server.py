@@ -1,15 +1,16 @@
-"""Benchmark: `python retriever.py serve` under concurrent load on loopback, with and without the listen-backlog fix.
+"""Benchmark: `python scripts/retrieval_server.py` under concurrent load on loopback, with and without the
+listen-backlog fix.
 
-For each corpus (retriever.DEMO_CORPUS's 5 passages written to a temp file, plus --corpus PATH if given) and each
-listen backlog (--backlog: by default 5, Python's socketserver default that `serve` had before issue 11, and
-retriever.LISTEN_BACKLOG), it starts `python retriever.py serve --port 0 --backlog N` in a subprocess, reads the URL
-from its first stdout line, and sends one-query POST /retrieve requests from 1, 16 and 1,000 concurrent clients
-(--clients). The queries are passage titles of the corpus, so each one has hits. Every client sends a fixed number of
-requests (max(1, --requests / clients)), one after another, each with a --timeout from connect to last byte, so a
-level lasts at most (requests per client) x timeout; the total time is printed. Per level it prints the answered
-requests per second, p50/p99 latency of the answered requests and the errors by kind: connection reset, refused,
-timed out, answered but not 200, other. The clients are one asyncio loop in this process and share the CPUs with the
-server (and anything else running): compare the figures of one run with each other.
+For each corpus (data.DEMO_CORPUS's 5 passages written to a temp file, plus --corpus PATH if given) and each listen
+backlog (--backlog: by default 5, Python's socketserver default that the server had before issue 11, and
+retrieval_server.LISTEN_BACKLOG), it starts `python scripts/retrieval_server.py --port 0 --backlog N` in a subprocess,
+reads the URL from its first stdout line, and sends one-query POST /retrieve requests from 1, 16 and 1,000 concurrent
+clients (--clients). The queries are passage titles of the corpus, so each one has hits. Every client sends a fixed
+number of requests (max(1, --requests / clients)), one after another, each with a --timeout from connect to last byte,
+so a level lasts at most (requests per client) x timeout; the total time is printed. Per level it prints the answered
+requests per second, p50/p99 latency of the answered requests and the errors by kind: connection reset, refused, timed
+out, answered but not 200, other. The clients are one asyncio loop in this process and share the CPUs with the server
+(and anything else running): compare the figures of one run with each other.
 Not a test: nothing is asserted on time.
 
     python benchmarks/bench_server.py                                     # toy corpus, backlog 5 and 1024: ~30 s
@@ -32,8 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-from retriever import DEMO_CORPUS, LISTEN_BACKLOG, load_corpus  # noqa: E402
+from data import DEMO_CORPUS, load_corpus  # noqa: E402
+from retrieval_server import LISTEN_BACKLOG  # noqa: E402
 
 ERRORS = ("reset", "refused", "timeout", "non-200", "other")
 
@@ -46,8 +49,9 @@ def titles(corpus_path: Path, n: int = 1000) -> list[str]:
 
 
 def start_server(corpus: Path, backlog: int, engine: str, log, startup_s: float = 300.0):
-    """`retriever.py serve` on a free port: (process, host, port) once it prints its URL, or SystemExit with its log."""
-    cmd = [sys.executable, str(ROOT / "retriever.py"), "serve", "--corpus", str(corpus), "--port", "0",
+    """scripts/retrieval_server.py on a free port: (process, host, port) once it prints its URL, or SystemExit with its
+    log."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "retrieval_server.py"), "--corpus", str(corpus), "--port", "0",
            "--backlog", str(backlog), "--engine", engine]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)  # stderr to a file: a pipe could fill
     ready, _, _ = select.select([proc.stdout], [], [], startup_s)  # the index is built before the line is printed
@@ -128,7 +132,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per request (connect to last byte)")
     ap.add_argument("--topk", type=int, default=3, help="passages per query")
     ap.add_argument("--engine", default="sparse", choices=["auto", "rank_bm25", "sparse"],
-                    help="the server's engine (serve's default: sparse)")
+                    help="the server's engine (the server's default: sparse)")
     args = ap.parse_args()
     for name in ("backlog", "clients"):
         if min(getattr(args, name)) < 1:

@@ -100,8 +100,10 @@ def child_rollout(model: str, questions: int, amp: str):
     bf16, as train.py --amp bf16 generates); prints one JSON line."""
     import torch
 
+    from data import load_questions
+    from engine import hf_generator
     from retriever import make_retriever
-    from rollout import hf_generator, load_questions, rollout
+    from rollout import rollout
     from policy import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
@@ -144,7 +146,8 @@ def fsdp_part():
     diff = {"losses": 0.0, "grad_norms": 0.0, "weights": 0.0}
     for a, b in zip(one, two):
         for ma, mb in zip(a["metrics"], b["metrics"]):
-            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k]) for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
+            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k])
+                                                     for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
         diff["grad_norms"] = max([diff["grad_norms"]] + [abs(x - y) for x, y in zip(a["grad_norms"], b["grad_norms"])])
         diff["weights"] = max([diff["weights"]] + [abs(x - y) for k in a["weights"]
                                                    for x, y in zip(a["weights"][k], b["weights"][k])])
@@ -156,7 +159,8 @@ def fsdp_part():
 def main():
     global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
+    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"],
+                    choices=["tiny", "smollm2", "qwen0.5b"])
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
     ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")

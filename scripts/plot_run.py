@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retriever import read_jsonl  # noqa: E402
+from data import read_jsonl  # noqa: E402
 
 
 PANELS = (  # (title, y label, ((metrics key, line style, legend suffix), ...))

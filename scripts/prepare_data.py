@@ -4,7 +4,7 @@ Every context paragraph of every question (10 per question: the 2 gold paragraph
 passage {"id": "<n>", "contents": '"Title"\\ntext'} (wiki-18 format; ids "0", "1", ... in build order), de-duplicated on
 (title, text), whitespace normalised. Each question becomes a FlashRAG row
 {"id", "question", "golden_answers": [answer], "data_source": "hotpotqa", "metadata": {"type", "level",
-"supporting_titles"}}, the format rollout.load_questions reads.
+"supporting_titles"}}, the format data.load_questions reads.
 
     python scripts/prepare_data.py --out-dir data/hotpotqa                     # hub hotpotqa/hotpot_qa (internet)
     python scripts/prepare_data.py --out-dir data/hotpotqa --limit 2000        # first 2000 questions per split
@@ -15,7 +15,8 @@ Local files (.json list, .jsonl or .parquet) may hold the hub's rows (id, contex
 [[...], ...]}, supporting_facts {"title": [...], "sent_id": [...]}) or the original release's (_id, context [[title,
 [sentence, ...]], ...], supporting_facts [[title, sent_id], ...]); the same code reads both.
 Writes <out-dir>/corpus.jsonl and <out-dir>/hotpotqa_<split>.jsonl (the hub's "validation" split is HotpotQA's dev
-set, the one papers report as test). Then: python retriever.py serve --corpus <out-dir>/corpus.jsonl --port 8000
+set, the one papers report as test). Then: python scripts/retrieval_server.py --corpus <out-dir>/corpus.jsonl
+--port 8000
 """
 
 import argparse

@@ -8,7 +8,7 @@ town ({"id", "contents": '"Title"\\ntext'}, retriever.py's corpus rows):
     "Velor Tamsik"\\nVelor Tamsik was born in Orunda in 1874 and worked as a glassblower.
     "Orunda"\\nOrunda is a town in the region of Kesvia.
 
-Questions (FlashRAG rows {"id", "question", "golden_answers", "data_source", "metadata"}, as rollout.load_questions
+Questions (FlashRAG rows {"id", "question", "golden_answers", "data_source", "metadata"}, as data.load_questions
 reads them): three 1-hop ones per person (data_source "world_1hop": birthplace, birth year, occupation; the answer is in
 the person's passage) and one 2-hop one ("world_2hop": "In which region was the birthplace of X?" needs the
 person's passage, then the town's). Train and test questions are split by person: no test person appears in a
@@ -40,7 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retriever import BM25Retriever, passage_title  # noqa: E402
+from data import passage_title  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
 
 ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "th", "sh")
 VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")

@@ -67,7 +67,8 @@ def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
     if not out.is_file():
         import warm_start
         from policy import load_policy
-        from retriever import BM25Retriever, load_corpus
+        from data import load_corpus
+        from retriever import BM25Retriever
 
         policy, tok, _ = load_policy(str(model), device="cpu")
         rows = [json.loads(line) for line in files["test"].read_text(encoding="utf-8").splitlines()]

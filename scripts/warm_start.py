@@ -39,9 +39,9 @@ from tqdm import tqdm
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, scripts/
 
 from policy import collate, load_policy, response_logp  # noqa: E402
-from retriever import format_passages  # noqa: E402
+from engine import hf_generator  # noqa: E402
 from rollout import (INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT, Episode, answer_span, em_check,  # noqa: E402
-                     hf_generator, make_prompt, observation_ids, rollout)
+                     format_passages, make_prompt, observation_ids, rollout)
 from search_world import CODAS, ONSETS, QUESTIONS, VOWELS, article  # noqa: E402
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (tests/tiny.py's)

@@ -69,8 +69,9 @@ from tqdm import tqdm
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, scripts/
 
 from policy import autocast, load_policy  # noqa: E402
-from retriever import make_retriever, passage_title  # noqa: E402
-from rollout import Episode, check_obs_budget, load_questions  # noqa: E402
+from data import load_questions, passage_title  # noqa: E402
+from retriever import make_retriever  # noqa: E402
+from rollout import Episode, check_obs_budget  # noqa: E402
 from warm_start import demonstration, loss_curve, model_turns, sampled_em, sft  # noqa: E402
 
 
@@ -82,7 +83,7 @@ def has_titles(row: dict) -> bool:
 
 
 def load_rows(files: list[str], titles: bool) -> list[dict]:
-    """The question rows of `files`, in order (rollout.load_questions; FileNotFoundError / ValueError name the file
+    """The question rows of `files`, in order (data.load_questions; FileNotFoundError / ValueError name the file
     and line). titles: every row must have metadata.supporting_titles (has_titles), else ValueError naming the first
     row without them."""
     rows = []

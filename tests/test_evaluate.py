@@ -14,8 +14,10 @@ sys.path.insert(0, str(ROOT))
 SPEC = ROOT.parent / "shared" / "SPEC.md"
 
 import evaluate as E  # noqa: E402
-from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
-from rollout import em_check, hf_generator, load_questions, rollout  # noqa: E402
+from data import DEMO_CORPUS, load_questions  # noqa: E402
+from engine import hf_generator  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
+from rollout import em_check, rollout  # noqa: E402
 from test_rollout import ScriptedPolicy, hit  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 import fsdp_update  # noqa: E402
 from test_train import QUESTIONS, SMALL  # noqa: E402
-from retriever import DEMO_CORPUS  # noqa: E402
+from data import DEMO_CORPUS  # noqa: E402
 from tiny import save_tiny  # noqa: E402
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from policy import load_policy, safetensors_problem  # noqa: E402
 from test_train import QUESTIONS  # noqa: E402
-from retriever import DEMO_CORPUS  # noqa: E402
+from data import DEMO_CORPUS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
 

@@ -14,8 +14,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from prepare_data import build, main  # noqa: E402
-from retriever import BM25Retriever, load_corpus  # noqa: E402
-from rollout import load_questions  # noqa: E402
+from data import load_corpus, load_questions  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 HUB, ORIGINAL = FIXTURES / "hotpot_distractor_hub.jsonl", FIXTURES / "hotpot_distractor_original.json"

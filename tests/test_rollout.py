@@ -1,5 +1,5 @@
-"""Tests for rollout.py: the multi-turn Search-R1 rollout, its token bookkeeping (ids, loss_mask, answer_mask), the EM
-reward and the question loader. CPU only, no network, a few seconds.
+"""Tests for rollout.py: the multi-turn Search-R1 rollout, its token bookkeeping (ids, loss_mask, answer_mask), the
+observation text and the EM reward. CPU only, no network, a few seconds.
 
 The tiny random model (tests/tiny.py) emits noise, so most tests drive it with a *scripted policy*: a LogitsProcessor
 that, for every row, sets all logits to -inf except the next token of that row's script. A row's script is chosen by
@@ -10,7 +10,6 @@ Group members share a question and therefore a script; they behave identically.
 """
 
 import copy
-import json
 import random
 import re
 import sys
@@ -24,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import rollout as R  # noqa: E402
-from retriever import DEMO_CORPUS, BM25Retriever, format_passages, load_corpus  # noqa: E402
+from data import DEMO_CORPUS, load_corpus  # noqa: E402
+from engine import hf_generator  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
 from rollout import (  # noqa: E402
     INVALID_ACTION,
     Episode,
@@ -34,8 +35,7 @@ from rollout import (  # noqa: E402
     cut_turn,
     em_check,
     extract_answer,
-    hf_generator,
-    load_questions,
+    format_passages,
     make_prompt,
     normalize_answer,
     observation_ids,
@@ -43,9 +43,7 @@ from rollout import (  # noqa: E402
 )
 from tiny import build_model, build_tokenizer  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data"  # the real corpus, when present (never copied into the repo)
-needs_data = pytest.mark.skipif(not (DATA / "corpus.jsonl").is_file(),
-                                reason="needs the maintainers' 13,823-passage development corpus (not in the repository)")
+QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages, a sample (its README.md)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Fixtures and helpers
@@ -137,7 +135,7 @@ class FakeRetriever:
         return [self.fn(q) for q in queries]
 
     def text(self, query):
-        """The passages the model sees for `query` (retriever.format_passages of its hits)."""
+        """The passages the model sees for `query` (format_passages of its hits)."""
         return format_passages(self.fn(query))
 
 
@@ -198,7 +196,7 @@ def test_p5_p6_search_then_answer_ids_masks_groups(tok, model):
     assert policy.calls == 2
 
     for e, (a, b, query) in zip(eps, [(s1, s2, "capital of France")] * 3 + [(t1, t2, "Eiffel Tower")] * 3):
-        doc = bm25([query], 2)[0]  # the retriever's own formatted text: the model sees it byte for byte
+        doc = format_passages(bm25.search([query], 2)[0])  # the hits as text: the model sees it byte for byte
         obs = observation_ids(doc, tok, 500)
         assert e.retrieved == [bm25.search([query], 2)[0]]  # the hits themselves, one list per executed search
         assert e.prompt_ids == enc(tok, make_prompt(e.question, tok))
@@ -332,14 +330,6 @@ def test_episode_append_keeps_ids_and_masks_in_step():
     with pytest.raises(ValueError, match="does not fit 1 observation ids"):
         e.append([11], trained=False, answer_mask=[1])  # an observation is never the model's answer
     assert len(e.response_ids) == len(e.loss_mask) == len(e.answer_mask) == 6  # a refused append changes nothing
-
-
-def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
-    m = copy.deepcopy(model)
-    m.generation_config.eos_token_id = [7, 9]  # e.g. Qwen2.5-Instruct: <|im_end|> and <|endoftext|>
-    assert hf_generator(m, tok).eos_ids == {7, 9, tok.eos_token_id}
-    m.generation_config.eos_token_id = None
-    assert hf_generator(m, tok).eos_ids == {tok.eos_token_id}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -581,6 +571,23 @@ def test_p9_searchr1_pad_value_mask_erases_eos(model):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# The observation text: Search-R1's _passages2string
+
+
+def test_format_passages_exact_string():
+    hits = [
+        {"document": {"id": "7", "contents": '"Evan Morris"\nEvan L. Morris was a lobbyist.'}, "score": 2.5},
+        {"document": {"id": "9", "contents": '"Genentech"\nA company.\nIt is in California.'}, "score": 1.0},
+    ]
+    expected = (
+        'Doc 1(Title: "Evan Morris") Evan L. Morris was a lobbyist.\n'
+        'Doc 2(Title: "Genentech") A company.\nIt is in California.\n'
+    )
+    assert format_passages(hits) == expected
+    assert format_passages([]) == ""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # P12: observation truncation keeps the closing tag
 
 
@@ -672,11 +679,10 @@ def test_observation_ids_equal_tokenizing_the_whole_text(tok):
             assert observation_ids(text, tok, budget + len(head) + len(tail)) == head + full[:budget] + tail, text
 
 
-@needs_data
 def test_observation_ids_equal_tokenizing_the_whole_text_real_corpus(tok):
-    """Every 40th passage of the real corpus, in 3-hit observations as the retriever formats them."""
+    """Every second of the 600 real passages of the sample, in 3-hit observations as format_passages writes them."""
     head, tail = enc(tok, OBS_HEAD), enc(tok, OBS_TAIL)
-    corpus = load_corpus(DATA / "corpus.jsonl")[::40]
+    corpus = load_corpus(QA_SAMPLE / "corpus.jsonl")[::2]
     for i in range(0, len(corpus) - 2, 3):
         text = format_passages([{"document": d} for d in corpus[i:i + 3]])
         full = enc(tok, text.strip())
@@ -708,31 +714,6 @@ def test_observation_ids_of_a_2mb_passage_tokenize_a_short_prefix(tok, kind):
     assert tok.decode(ids).endswith(OBS_TAIL)  # P12: the block is closed
     if kind == "text":
         assert ids == observation_ids(doc[:100_000], tok, 500)  # the same ids as a mere 100 KB of it
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# P16: ids the tokenizer does not have are never sampled
-
-
-def test_p16_no_out_of_tokenizer_ids(tok, model):
-    n_tok = len(tok)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    assert vocab == n_tok + 16
-    # Control: the same unscripted model, sampling without the mask, does emit ids >= len(tok) (so the test has teeth).
-    torch.manual_seed(0)
-    prompt = torch.tensor([enc(tok, make_prompt(Q1, tok))] * 8)
-    raw = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
-                         top_p=1.0, top_k=0, max_new_tokens=48, eos_token_id=None, pad_token_id=tok.pad_token_id)
-    assert (raw[:, prompt.shape[1]:] >= n_tok).any()
-
-    torch.manual_seed(0)
-    rows = [{"question": q, "golden_answers": ["Paris"]} for q in (Q1, Q2)]
-    eps = rollout(hf_generator(model, tok, max_new_tokens=48, temperature=1.0, top_p=1.0), tok, rows,
-                  FakeRetriever(), group_size=8, max_turns=1)
-    sampled = [t for e in eps for t, m in zip(e.response_ids, e.loss_mask) if m == 1]
-    assert len(sampled) > 500
-    assert max(sampled) < n_tok
-    assert all(len(e.answer_mask) == len(e.loss_mask) == len(e.response_ids) for e in eps)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -922,96 +903,6 @@ def test_rollout_rejects_row_without_gold(tok, model):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# load_questions
-
-
-def write_lines(path, lines):
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
-
-def test_load_questions_good_jsonl(tmp_path):
-    f = write_lines(tmp_path / "nq_train.jsonl", [
-        json.dumps({"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"]}),
-        "",
-        json.dumps({"question": "capital of france", "golden_answers": "Paris", "data_source": "hotpotqa", "x": 1}),
-    ])
-    rows = load_questions(f)
-    assert rows == [
-        {"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"], "data_source": "nq"},
-        {"question": "capital of france", "golden_answers": ["Paris"], "data_source": "hotpotqa"},
-    ]
-
-
-def test_load_questions_errors(tmp_path):
-    missing = tmp_path / "nope.jsonl"
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        load_questions(str(missing))
-    good = json.dumps({"question": "q", "golden_answers": ["a"]})
-    f = write_lines(tmp_path / "bad.jsonl", [good, "{not json"])
-    with pytest.raises(ValueError, match=re.escape(f"{f}:2")):
-        load_questions(f)
-    f = write_lines(tmp_path / "nogold.jsonl", [good, good, json.dumps({"question": "q"})])
-    with pytest.raises(ValueError, match=re.escape(f"{f}:3") + ".*golden_answers"):
-        load_questions(f)
-    f = write_lines(tmp_path / "noq.jsonl", [json.dumps({"golden_answers": ["a"]})])
-    with pytest.raises(ValueError, match=re.escape(f"{f}:1") + ".*question"):
-        load_questions(f)
-    f = write_lines(tmp_path / "emptygold.jsonl", [json.dumps({"question": "q", "golden_answers": []})])
-    with pytest.raises(ValueError, match="golden_answers"):
-        load_questions(f)
-    f = write_lines(tmp_path / "list.jsonl", ["[1, 2]"])
-    with pytest.raises(ValueError, match=re.escape(f"{f}:1")):
-        load_questions(f)
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("", encoding="utf-8")
-    with pytest.raises(ValueError, match="no questions"):
-        load_questions(str(empty))
-    blank = tmp_path / "blank.jsonl"
-    blank.write_text("\n  \n", encoding="utf-8")
-    with pytest.raises(ValueError, match="no questions"):
-        load_questions(str(blank))
-
-
-def test_load_questions_encoding_errors_name_line_and_column(tmp_path):
-    good = json.dumps({"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}).encode()
-    f = tmp_path / "q.jsonl"
-    f.write_bytes(b"\n".join([good] * 6 + [b'{"question": "caf\xe9?", "golden_answers": ["x"]}']) + b"\n")  # latin-1
-    with pytest.raises(ValueError, match=re.escape(f"{f}:7: not UTF-8 (byte 0xe9 at column 18)")):
-        load_questions(str(f))
-    f.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join([good] * 2) + b"\r\n")  # a Windows editor's utf-8-sig and CRLF: fine
-    assert [r["question"] for r in load_questions(str(f))] == ["who wrote hamlet"] * 2
-    f.write_bytes(b"\n".join([good, b"\xef\xbb\xbf" + good]) + b"\n")  # a BOM inside: two files concatenated
-    with pytest.raises(ValueError, match=re.escape(f"{f}:2: a UTF-8 byte-order mark (BOM) starts this line")):
-        load_questions(str(f))
-    f.write_bytes(json.dumps({"question": "a\u2028b", "golden_answers": ["x"]}, ensure_ascii=False).encode() + b"\n")
-    assert load_questions(str(f))[0]["question"] == "a\u2028b"  # U+2028 is text, not a line break (str.splitlines)
-
-
-def test_load_questions_parquet_round_trip(tmp_path, monkeypatch):
-    pd = pytest.importorskip("pandas")
-    pytest.importorskip("pyarrow")
-    pytest.importorskip("datasets")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    rows = [
-        {"question": "who wrote hamlet", "golden_answers": ["Shakespeare", "William Shakespeare"],
-         "data_source": "nq"},
-        {"question": "capital of france", "golden_answers": ["Paris"], "data_source": "hotpotqa"},
-    ]
-    f = tmp_path / "mixed_train.parquet"
-    pd.DataFrame(rows).to_parquet(f)
-    assert load_questions(str(f)) == rows
-    # Search-R1's verl rows: the golds live in reward_model.ground_truth.target.
-    verl = [{"question": "who wrote hamlet", "data_source": "nq",
-             "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}}}]
-    g = tmp_path / "verl.parquet"
-    pd.DataFrame(verl).to_parquet(g)
-    assert load_questions(str(g)) == [{"question": "who wrote hamlet", "golden_answers": ["Shakespeare"],
-                                       "data_source": "nq"}]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # answer_span (LLDS-MA)
 
 
@@ -1047,27 +938,3 @@ def test_answer_mask_in_rollout(tok, model):
     assert e.answer_mask == [0] * (len(s) + n_obs + len(pre)) + [1] * len(ans)
     assert all(m == 1 for m, a in zip(e.loss_mask, e.answer_mask) if a)  # answer tokens are model tokens
     assert e.answer == "Paris" and e.reward == 1.0
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# P17: the checkpoint's generation_config does not change sampling
-
-
-def test_p17_checkpoint_generation_config_ignored(tok, model):
-    m = copy.deepcopy(model)
-    gc = m.generation_config
-    gc.top_k, gc.repetition_penalty, gc.temperature, gc.top_p, gc.do_sample = 20, 1.05, 0.7, 0.8, True  # Qwen's
-    captured = []
-    generate = m.generate
-
-    def spy_generate(*args, **kw):
-        captured.append(m._prepare_generation_config(kw["generation_config"])[0])
-        return generate(*args, **kw)
-
-    m.generate = spy_generate
-    a = enc(tok, "<answer> Paris </answer>")
-    run(m, tok, {Q1: [a]}, {Q1: ["Paris"]}, max_turns=0, temperature=1.0, top_p=0.95)
-    (cfg,) = captured
-    assert cfg.do_sample and cfg.temperature == 1.0 and cfg.top_p == 0.95  # exact: settings passed on
-    assert cfg.top_k in (0, None) and cfg.repetition_penalty in (1.0, None)  # exact: settings
-

@@ -85,7 +85,7 @@ def test_a_killed_evaluation_is_run_again(tmp_path):
     (eval.jsonl.partial, no eval.json) must not stop spiral.py's rerun, which evaluates the run again."""
     import json
 
-    from retriever import DEMO_CORPUS
+    from data import DEMO_CORPUS
     from tiny import save_tiny
 
     files = {"test": tmp_path / "test.jsonl", "corpus": tmp_path / "corpus.jsonl"}

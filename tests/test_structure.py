@@ -14,13 +14,14 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout", "tracking"},
-    "evaluate": {"checkpoint", "engine", "policy", "retriever", "rollout"},
+    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout", "tracking"},
+    "evaluate": {"checkpoint", "data", "engine", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},
     "fsdp": {"checkpoint"},
-    "rollout": {"retriever"},
-    "grpo": set(), "llds": set(), "retriever": set(), "checkpoint": set(), "tracking": set(),
+    "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
+    "rollout": {"data"},  # the demo's 5 passages
+    "grpo": set(), "llds": set(), "bm25": set(), "data": set(), "checkpoint": set(), "tracking": set(),
 }
 
 
@@ -43,8 +44,9 @@ def test_import_graph():
     third_party = {m: {n.split(".")[0] for node in ast.walk(ast.parse((ROOT / f"{m}.py").read_text()))
                        if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "level", 0) == 0
                        for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module])}
-                   for m in ("grpo", "llds")}
-    assert third_party == {"grpo": {"torch"}, "llds": {"torch"}}  # the losses: torch only
+                   for m in ("grpo", "llds", "rollout")}
+    assert third_party["grpo"] == third_party["llds"] == {"torch"}  # the losses: torch only
+    assert "transformers" not in third_party["rollout"]  # engines are callables: engine.py holds the HF one
 
     def visit(m, path):  # depth-first: a module met again on its own path is a cycle
         assert m not in path, " -> ".join([*path, m])
@@ -89,9 +91,9 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python scripts/prepare_data.py "
-        "--out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try "
-        "`python scripts/spiral.py` (offline, a search world)"]
+        "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python "
+        "scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and "
+        "--corpus FILE, or try `python scripts/spiral.py` (offline, a search world)"]
 
 
 def test_a_metric_without_a_reduction_is_an_error():

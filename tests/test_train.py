@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 
-from retriever import DEMO_CORPUS, BM25Retriever  # noqa: E402
-from rollout import hf_generator, rollout  # noqa: E402
+from data import DEMO_CORPUS  # noqa: E402
+from engine import hf_generator  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
+from rollout import rollout  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 import policy  # noqa: E402
 from policy import batch_logp, collate, load_policy, response_logp  # noqa: E402
@@ -299,13 +301,14 @@ def teach_to_search(path, questions, steps=60):
 
 
 def test_train_same_rewards_in_process_and_served(files):
-    """Issue 4 acceptance: one seeded short CPU job, run with the in-process retriever and against `python retriever.py
-    serve` on localhost, gives the same rewards, the same metrics and the same trajectories (retrieved passages
-    included), and evaluate.py runs against the server too; the model is taught to search first, so the retriever
-    really is exercised. Both runs use --amp bf16 (CPU autocast), so that path runs end to end as well."""
+    """Issue 4 acceptance: one seeded short CPU job, run with the in-process retriever and against `python
+    scripts/retrieval_server.py` on localhost, gives the same rewards, the same metrics and the same trajectories
+    (retrieved passages included), and evaluate.py runs against the server too; the model is taught to search first,
+    so the retriever really is exercised. Both runs use --amp bf16 (CPU autocast), so that path runs end to end as
+    well."""
     model = teach_to_search(files["dir"] / "searcher", QUESTIONS)
-    server = subprocess.Popen([sys.executable, "retriever.py", "serve", "--corpus", files["corpus"], "--port", "0"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "scripts/retrieval_server.py", "--corpus", files["corpus"],
+                               "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()  # "serving 5 passages (BM25, rank_bm25) at http://127.0.0.1:PORT/retrieve"
         url = line.split(" at ")[-1].strip()
@@ -559,11 +562,10 @@ def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch
 
 def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files, monkeypatch, capsys):
     import engine
-    import rollout
     import train
 
     sizes = []
-    real = rollout.hf_generator
+    real = engine.hf_generator
     monkeypatch.setitem(engine.GENERATORS, "hf", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
     # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400

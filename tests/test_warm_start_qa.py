@@ -18,8 +18,9 @@ import tiny  # noqa: E402
 import warm_start as S  # noqa: E402
 import warm_start_qa as Q  # noqa: E402
 from policy import autocast, load_policy  # noqa: E402
-from retriever import DEMO_CORPUS, BM25Retriever, format_passages  # noqa: E402
-from rollout import observation_ids, rollout  # noqa: E402
+from data import DEMO_CORPUS  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
+from rollout import format_passages, observation_ids, rollout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

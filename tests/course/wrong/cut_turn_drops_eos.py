@@ -12,7 +12,10 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
         if t in eos_ids:  # NOTE(departure): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
             new_ids, ended_on_eos = new_ids[:k], True
             break
-    has_stop = lambda text: any(s in text for s in STOP_STRINGS)  # noqa: E731
+
+    def has_stop(text: str) -> bool:
+        return any(s in text for s in STOP_STRINGS)
+
     if new_ids and has_stop(tokenizer.decode(new_ids)):
         # NOTE(departure): cut by token index, never decode + re-encode as Search-R1 does (P7)
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
