@@ -14,13 +14,13 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout", "tracking"},
+    "train": {"checkpoint", "engine", "fsdp", "grpo", "llds", "memory", "policy", "retriever", "rollout", "tracking"},
     "evaluate": {"checkpoint", "engine", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},
     "fsdp": {"checkpoint"},
     "rollout": {"retriever"},
-    "grpo": set(), "llds": set(), "retriever": set(), "checkpoint": set(), "tracking": set(),
+    "grpo": set(), "llds": set(), "retriever": set(), "checkpoint": set(), "tracking": set(), "memory": set(),
 }
 
 
