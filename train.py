@@ -30,8 +30,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import checkpoint
+from checkpoint import restore, save_checkpoint
 from engine import GENERATORS
-from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
+from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE

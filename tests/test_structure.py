@@ -18,9 +18,9 @@ GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo in
     "evaluate": {"checkpoint", "engine", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},
-    "fsdp": {"checkpoint"},
     "rollout": {"retriever"},
-    "grpo": set(), "llds": set(), "retriever": set(), "checkpoint": set(), "tracking": set(), "memory": set(),
+    "grpo": set(), "llds": set(), "retriever": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
+    "memory": set(),
 }
 
 
