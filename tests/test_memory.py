@@ -189,3 +189,4 @@ def test_grad_ckpt_and_micro_batch_size_unset_by_default():
     assert args.micro_batch_size is None and args.grad_ckpt is None
     args = parse_args(["--micro-batch-size", "2", "--no-grad-ckpt"])
     assert args.micro_batch_size == 2 and args.grad_ckpt is False
+    assert parse_args(["--grad-ckpt"]).grad_ckpt is True
