@@ -85,7 +85,10 @@ def child_step(model: str, steps: int, out_dir: str, amp: str):
     args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, "--amp", amp, *STEP_FLAGS])
     train.main(args)
     m = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    mean = lambda k: sum(x[k] for x in m) / len(m)  # noqa: E731
+
+    def mean(k):
+        return sum(x[k] for x in m) / len(m)
+
     tokens = sum(x["rollout/response_tokens"] * 8 for x in m)  # model tokens generated (8 trajectories per step)
     print(json.dumps({"step_s": mean("perf/step_s"), "gen_s": mean("perf/rollout_s") - timing["retrieval_s"] / len(m),
                       "retrieval_s": timing["retrieval_s"] / len(m), "logp_s": mean("perf/logp_s"),
@@ -144,7 +147,8 @@ def fsdp_part():
     diff = {"losses": 0.0, "grad_norms": 0.0, "weights": 0.0}
     for a, b in zip(one, two):
         for ma, mb in zip(a["metrics"], b["metrics"]):
-            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k]) for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
+            diff["losses"] = max([diff["losses"]] + [abs(ma[k] - mb[k])
+                                                     for k in ("grpo/pg_loss", "grpo/kl", "llds/penalty")])
         diff["grad_norms"] = max([diff["grad_norms"]] + [abs(x - y) for x, y in zip(a["grad_norms"], b["grad_norms"])])
         diff["weights"] = max([diff["weights"]] + [abs(x - y) for k in a["weights"]
                                                    for x, y in zip(a["weights"][k], b["weights"][k])])
@@ -156,7 +160,8 @@ def fsdp_part():
 def main():
     global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"], choices=["tiny", "smollm2", "qwen0.5b"])
+    ap.add_argument("--models", nargs="+", default=["tiny", "smollm2", "qwen0.5b"],
+                    choices=["tiny", "smollm2", "qwen0.5b"])
     ap.add_argument("--parts", nargs="+", default=["step", "rollout", "fsdp"], choices=["step", "rollout", "fsdp"])
     ap.add_argument("--steps", type=int, default=2, help="training steps per model in the step split")
     ap.add_argument("--rollout-questions", type=int, default=4, help="questions (x 4 trajectories) in the rollout part")

@@ -89,8 +89,9 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python scripts/prepare_data.py "
-        "--out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try "
+        "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python "
+        "scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and "
+        "--corpus FILE, or try "
         "`python scripts/spiral.py` (offline, a search world)"]
 
 
