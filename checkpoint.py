@@ -13,9 +13,11 @@ exactly that size; anything else is ignored. A save goes:
 
 so at every instant the previous checkpoint is complete, and the newest complete one is what --resume finds. Leftover
 .tmp and .trash folders are removed by the next save. A save that fails (no space left, ...) removes its .tmp folder,
-so the disk holds what it held before, and raises OSError. Around that, the run folder's rules: an --out-dir that
-holds a run is not reused silently (check_out_dir), and Ctrl-C / SIGTERM stop a run at the end of a step, after its
-checkpoint (stop_requests).
+so the disk holds what it held before, and raises OSError. What train.py puts in a checkpoint and takes back out is
+save_checkpoint's and restore's: the weights, the optimizer state and every rank's RNG states, so a resumed run goes
+on exactly as the uninterrupted one; under FSDP both are collectives (every rank joins the gathers, rank 0 writes).
+Around that, the run folder's rules: an --out-dir that holds a run is not reused silently (check_out_dir), and
+Ctrl-C / SIGTERM stop a run at the end of a step, after its checkpoint (stop_requests).
 
     python checkpoint.py RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
 """
@@ -23,6 +25,7 @@ checkpoint (stop_requests).
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -31,7 +34,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 STEP_RE = re.compile(r"^step_(\d+)$")
 MARKER = "COMPLETE"
@@ -196,6 +201,55 @@ def save(out_dir, step: int, write, keep: int = 1) -> Path:
         if old not in keep_too:
             _discard(old)
     return final
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A training run's checkpoint: the model folder and trainer_state.pt, saved and put back on every rank
+
+
+def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, step: int, state: dict, keep: int) -> Path | None:
+    """Save checkpoint `step` as OUT_DIR/checkpoints/step_N (save: a kill or a full disk at any point leaves the
+    previous one complete): the model as save_pretrained writes it (evaluate.py and --model read the folder as it is),
+    and trainer_state.pt = `state` + the optimizer state + every rank's RNG state, for an exact --resume. Under FSDP
+    every rank joins the gathers (full state dicts) and rank 0 writes. Returns the folder (None on the other ranks).
+    Raises OSError when the disk is full or not writable, the earlier checkpoints untouched."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=full)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+           torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    rngs = [rng] * (dist.get_world_size() if dist.is_initialized() else 1)  # every rank samples its own rollouts
+    if dist.is_initialized():
+        dist.all_gather_object(rngs, rng)
+    state = {**state, "step": step, "optimizer": get_optimizer_state_dict(model, optimizer, options=full), "rng": rngs}
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+
+    def write(folder: Path):
+        model.save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        torch.save(state, folder / "trainer_state.pt")
+
+    return save(out_dir, step, write, keep)
+
+
+def restore(model, optimizer, scheduler, state: dict):
+    """Put a trainer_state (load_trainer_state) back: optimizer (sharded again under FSDP), lr scheduler, and this
+    rank's RNG states, so the resumed run samples and updates exactly as the uninterrupted one. Raises SystemExit
+    if the checkpoint was saved by another number of ranks (each rank's RNG state is its own)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if len(state["rng"]) != world:
+        raise SystemExit(f"error: the checkpoint was saved by {len(state['rng'])} ranks; resume with the same number")
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"][dist.get_rank() if dist.is_initialized() else 0]
+    random.setstate(rng[0]), np.random.set_state(rng[1]), torch.set_rng_state(rng[2])
+    if torch.cuda.is_available() and rng[3]:
+        torch.cuda.set_rng_state_all(rng[3])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

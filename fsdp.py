@@ -1,14 +1,11 @@
-"""The same program on N ranks: torchrun + FSDP2, and helpers that are the identity in a single process.
+"""The same program on N ranks (torchrun + FSDP2), whose helpers are the identity in a single process.
 
 With `--fsdp` under torchrun (nccl on GPU, gloo on CPU) every rank rolls out its own prompts with the full weights
 gathered (full_weights), and each optimizer mini-batch is the union of every rank's share: token counts and metrics
 are summed over ranks (all_reduce), so the loss is the same as one process computing it all (tests/test_fsdp.py). The
 algorithm never looks at the world size; only seeding (seed + rank), printing (print0) and saving (rank 0 writes) do.
-Without torchrun the world is one rank and every helper below returns its input.
-
-Saving and resuming a run (save_checkpoint, restore) live here too, because under FSDP they are
-collectives: every rank joins the gathers of the full weights, optimizer state and RNG states, and rank 0 writes them
-through checkpoint.save (which publishes a step only once it is complete).
+Without torchrun the world is one rank and every helper below returns its input. Saving and resuming a sharded run
+are checkpoint.py's (save_checkpoint, restore: collectives that every rank joins).
 
     torchrun --nproc_per_node 2 fsdp.py      # demo on 2 CPU ranks: shard a tiny model, check a summed update
 """
@@ -16,14 +13,11 @@ through checkpoint.save (which publishes a step only once it is complete).
 import contextlib
 import os
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
-
-import checkpoint
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Ranks and sharding
@@ -91,7 +85,8 @@ def shard(model):
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     on_gpu = next(model.parameters()).is_cuda
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else MixedPrecisionPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu
+          else MixedPrecisionPolicy())
     mesh = init_device_mesh("cuda" if on_gpu else "cpu", (dist.get_world_size(),))  # FSDP2's default; released at exit
     _MESHES.append(mesh)
     for layer in model.model.layers:
@@ -151,61 +146,10 @@ def all_finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
     return all_reduce([bad])[0] == 0
 
 
-
 def print0(*a):
     """Print on rank 0 only (through tqdm, so the progress bar stays intact)."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         tqdm.write(" ".join(str(x) for x in a))
-
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Saving and resuming
-
-
-def save_checkpoint(model, tokenizer, optimizer, out_dir: Path, step: int, state: dict, keep: int) -> Path | None:
-    """Save checkpoint `step` as OUT_DIR/checkpoints/step_N (checkpoint.save: a kill or a full disk at any point leaves
-    the previous one complete): the model as save_pretrained writes it (evaluate.py and --model read the folder as it
-    is), and trainer_state.pt = `state` + the optimizer state + every rank's RNG state, for an exact --resume.
-    Under FSDP every rank joins the gathers (full state dicts) and rank 0 writes. Returns the folder (None on the other
-    ranks). Raises OSError when the disk is full or not writable, the earlier checkpoints untouched."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=full)
-    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-           torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-    rngs = [rng] * (dist.get_world_size() if dist.is_initialized() else 1)  # every rank samples its own rollouts
-    if dist.is_initialized():
-        dist.all_gather_object(rngs, rng)
-    state = {**state, "step": step, "optimizer": get_optimizer_state_dict(model, optimizer, options=full), "rng": rngs}
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return None
-
-    def write(folder: Path):
-        model.save_pretrained(folder, state_dict=weights)
-        tokenizer.save_pretrained(folder)
-        torch.save(state, folder / "trainer_state.pt")
-
-    return checkpoint.save(out_dir, step, write, keep)
-
-
-def restore(model, optimizer, scheduler, state: dict):
-    """Put a trainer_state (checkpoint.load_trainer_state) back: optimizer (sharded again under FSDP), lr scheduler, and this
-    rank's RNG states, so the resumed run samples and updates exactly as the uninterrupted one. Raises SystemExit
-    if the checkpoint was saved by another number of ranks (each rank's RNG state is its own)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if len(state["rng"]) != world:
-        raise SystemExit(f"error: the checkpoint was saved by {len(state['rng'])} ranks; resume with the same number")
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
-    scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"][dist.get_rank() if dist.is_initialized() else 0]
-    random.setstate(rng[0]), np.random.set_state(rng[1]), torch.set_rng_state(rng[2])
-    if torch.cuda.is_available() and rng[3]:
-        torch.cuda.set_rng_state_all(rng[3])
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -216,42 +216,41 @@ REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/units"
 # ----------------------------------------------------------------------------------------------------------------------
 # LLDS-MA: the answer span's weight beta (v2 Eq. 5, App. B.2.1; dp_actor.py:359-371)
 
-# schedule -> (V, mask_weight, lambda, V_B) -> the coefficient before the min with lambda (the code's
-# actor/answer_weight; for "paper", lambda * beta). V: batch-mean valid <search> calls per trajectory, counted as the
-# code counts them (generation.py meta_info valid_search_stats: a <search> in the final answer-only turn counts).
+# schedule -> (V, mask_weight w, lambda, V_B) -> beta, the answer span's weight in the term, in [0, 1]. The code weighs
+# answer-span tokens by min(answer_weight, lambda) and the others by lambda, and we apply lambda outside the term
+# (departure 1), so its beta is min(answer_weight / lambda, 1); the paper gives beta itself. V: batch-mean valid
+# <search> calls per trajectory, counted as the code counts them (generation.py meta_info valid_search_stats: a
+# <search> in the final answer-only turn counts).
 MA_SCHEDULES = {
-    "code": lambda v, w, lam, v_b: w * max(v - 1.0, 0.0),  # MASK_ADAPTIVE=true (dp_actor.py:361-363)
-    "fixed": lambda v, w, lam, v_b: w,  # MASK_ADAPTIVE=false, MASK_ANS=true (dp_actor.py:364-365)
-    "paper": lambda v, w, lam, v_b: lam * min(v / v_b, 1.0),  # v2 App. B.2.1: beta = min(V / V_B, 1), V_B = 2
+    "code": lambda v, w, lam, v_b: min(w * max(v - 1.0, 0.0) / lam, 1.0),  # MASK_ADAPTIVE=true (dp_actor.py:361-363)
+    "fixed": lambda v, w, lam, v_b: min(w / lam, 1.0),  # MASK_ADAPTIVE=false, MASK_ANS=true (dp_actor.py:364-365)
+    "paper": lambda v, w, lam, v_b: min(v / v_b, 1.0),  # v2 App. B.2.1: beta = min(V / V_B, 1), V_B = 2
 }
-
-
-def ma_answer_weight(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2,
-                     mask_weight: float = 0.2, v_b: float = 2.0) -> float:
-    """The answer span's coefficient before the cap at lambda: the official actor/answer_weight (dp_actor.py:366).
-
-    "code": mask_weight * max(V - 1, 0); "fixed": mask_weight; "paper": lambda * min(V / V_B, 1) (mask_weight unused).
-    mask_weight is the official scripts' MASK_WEIGHT (answer_no_reduce_lambda; 0.2 in train_grpo_nqhot.sh).
-    Raises ValueError on an unknown schedule.
-    """
-    if schedule not in MA_SCHEDULES:
-        raise ValueError(f"unknown MA schedule {schedule!r}; choose one of {sorted(MA_SCHEDULES)}")
-    return float(MA_SCHEDULES[schedule](mean_valid_searches, mask_weight, lam, v_b))
 
 
 def ma_beta(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2, mask_weight: float = 0.2,
             v_b: float = 2.0) -> float:
-    """LLDS-MA answer-span weight beta = min(answer_weight, lambda) / lambda, in [0, 1] (dp_actor.py:367-371).
+    """LLDS-MA's answer-span weight beta (Eq. 5), in [0, 1]: MA_SCHEDULES[schedule] (dp_actor.py:359-371).
 
-    The code weighs answer-span tokens by min(answer_weight, lambda) and the others by lambda; we apply lambda outside
-    the term (departure 1), so the answer span gets beta. With mask_weight = lambda (the scripts' 0.2 and 0.2):
-    "code" beta = clip(V - 1, 0, 1) (MASK_ADAPTIVE=true, the run behind the 3B-Base LLDS-MA row), "fixed" beta = 1;
-    "paper" beta = min(V / 2, 1). At V = 1 "code" and "paper" give 0 and 0.5; both reach 1 at V = 2. A fixed weight
-    of 0.05 at lambda = 0.2 gives beta = 0.25. lam <= 0 (the term is off): beta = 1, so llds/penalty is unweighted.
-    Raises ValueError on an unknown schedule.
+    With mask_weight = lambda (the scripts' 0.2 and 0.2): "code" beta = clip(V - 1, 0, 1) (MASK_ADAPTIVE=true, the run
+    behind the 3B-Base LLDS-MA row), "fixed" beta = 1; "paper" beta = min(V / 2, 1). At V = 1 "code" and "paper" give
+    0 and 0.5; both reach 1 at V = 2. A fixed weight of 0.05 at lambda = 0.2 gives beta = 0.25. mask_weight is the
+    official scripts' MASK_WEIGHT (answer_no_reduce_lambda; 0.2 in train_grpo_nqhot.sh). lam <= 0 (the term is
+    off): beta = 1, so llds/penalty is unweighted. Raises ValueError on an unknown schedule.
     """
-    aw = ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight, v_b=v_b)
-    return float(min(aw, lam) / lam) if lam > 0 else 1.0
+    if schedule not in MA_SCHEDULES:
+        raise ValueError(f"unknown MA schedule {schedule!r}; choose one of {sorted(MA_SCHEDULES)}")
+    return float(MA_SCHEDULES[schedule](mean_valid_searches, mask_weight, lam, v_b)) if lam > 0 else 1.0
+
+
+def ma_answer_weight(mean_valid_searches: float, schedule: str = "code", *, lam: float = 0.2,
+                     mask_weight: float = 0.2, v_b: float = 2.0) -> float:
+    """The official actor/answer_weight (dp_actor.py:366), logged as llds/answer_weight: the answer span's coefficient
+    before the code caps it at lambda. "code": mask_weight * max(V - 1, 0); "fixed": mask_weight; "paper" (not in
+    the code): lambda * beta. Raises ValueError on an unknown schedule."""
+    beta = ma_beta(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight, v_b=v_b)
+    official = {"code": mask_weight * max(mean_valid_searches - 1.0, 0.0), "fixed": mask_weight}
+    return float(official.get(schedule, lam * beta))
 
 
 def ma_weight(mean_valid_searches: float, answer_mask: torch.Tensor, schedule: str = "code", *, lam: float = 0.2,

@@ -30,14 +30,16 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import checkpoint
+from checkpoint import restore, save_checkpoint
 from data import load_questions, next_prompts
 from engine import GENERATORS, diverged_sampling
-from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, restore, save_checkpoint, setup_dist, shard
+from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
-from policy import (autocast, batch_logp, collate, enable_grad_ckpt, free_memory, load_policy, load_reference,
-                    memory_plan, response_logp, save_reference)
+from memory import free_memory, memory_plan
+from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
+                    save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import check_obs_budget, episode_stats, rollout, rollout_metrics

@@ -62,7 +62,10 @@ def qwen_batch(rows=8, prompt=256, turns=3, new=64, obs=300):
     tok = build_tokenizer()
     model = AutoModelForCausalLM.from_config(Qwen2Config(**{**CONFIGS["Qwen2.5-0.5B"], "num_hidden_layers": 2})).eval()
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(3, len(tok), (n,), generator=g).tolist()  # noqa: E731
+
+    def ids(n):
+        return torch.randint(3, len(tok), (n,), generator=g).tolist()
+
     prompts, observations = [ids(prompt) for _ in range(rows)], [[ids(obs) for _ in range(rows)] for _ in range(turns)]
 
     def run(name):

@@ -85,7 +85,10 @@ def child_step(model: str, steps: int, out_dir: str, amp: str):
     args = train.parse_args(["--model", model, "--steps", str(steps), "--out-dir", out_dir, "--amp", amp, *STEP_FLAGS])
     train.main(args)
     m = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    mean = lambda k: sum(x[k] for x in m) / len(m)  # noqa: E731
+
+    def mean(k):
+        return sum(x[k] for x in m) / len(m)
+
     tokens = sum(x["rollout/response_tokens"] * 8 for x in m)  # model tokens generated (8 trajectories per step)
     print(json.dumps({"step_s": mean("perf/step_s"), "gen_s": mean("perf/rollout_s") - timing["retrieval_s"] / len(m),
                       "retrieval_s": timing["retrieval_s"] / len(m), "logp_s": mean("perf/logp_s"),

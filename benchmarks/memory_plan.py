@@ -1,4 +1,4 @@
-"""The memory plan (policy.memory_plan) for the paper's three model sizes, from their configs: no weights, no hub.
+"""The memory plan (memory.memory_plan) for the paper's three model sizes, from their configs: no weights, no hub.
 
 Each model is built on the meta device (no memory), so the parameter counts are exact. Per size it prints the static
 memory per rank (fp32 policy, gradients and AdamW moments, bf16 reference, the rollout's bf16 weight copy), the KV
@@ -7,7 +7,7 @@ picks on an 80 GB card and on a 141 GB one (H200), with the paper's rollout sett
 (--micro-batch-size, --grad-ckpt) the plan chooses where they are unset, as for `python train.py --model
 Qwen/Qwen2.5-3B --llds 0.1`.
 
---measure checks the update's estimate (policy.update_activation_bytes) on this CPU: one update micro-batch
+--measure checks the update's estimate (memory.update_activation_bytes) on this CPU: one update micro-batch
 (policy.response_logp with the entropy, backward) of the tests' tiny model and of Qwen2.5-0.5B cut to 2 layers, with
 and without gradient checkpointing, in bf16 autocast and in fp32, each in a fresh process: the rise of its peak
 resident memory (ru_maxrss over the resident set before the forward; gradients allocated before), and the bytes
@@ -38,8 +38,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from policy import GiB, autocast, enable_grad_ckpt, kv_bytes_per_token, memory_plan, response_logp  # noqa: E402
-from policy import update_activation_bytes  # noqa: E402
+from memory import GiB, kv_bytes_per_token, memory_plan, update_activation_bytes  # noqa: E402
+from policy import autocast, enable_grad_ckpt, response_logp  # noqa: E402
 
 # From each model's config.json on the hub (Qwen/Qwen2.5-{0.5B,3B,7B}); the -Instruct models have the same shapes.
 CONFIGS = {

@@ -143,6 +143,29 @@ def top1_rates(world: dict, retriever: BM25Retriever) -> dict:
     return {"person_top1": hit(names), "town_top1": hit(towns)}
 
 
+def tokenizer_texts(world: dict) -> list[str]:
+    """The warm start's BPE training text (warm_start.build_tokenizer): the chat-wrapped prompt and the demonstration
+    turns with towns in the name slots, passages without person names, the observation tags and the invalid-action
+    message, and every name syllable alone (capitalised and not, with and without a leading space). Person names
+    never appear whole, so every name, train or test, splits into the same kind of pieces."""
+    from rollout import INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT
+    from warm_start import ANSWER_TURN, SEARCH_TURN
+
+    lines = [INVALID_ACTION, OBS_HEAD + OBS_TAIL] + [f"Doc {i}(Title: " for i in range(1, 4)]
+    for town, region in world["towns"].items():
+        for template, _ in QUESTIONS.values():
+            lines.append(f"<|im_start|>user\n{PROMPT.format(question=template.format(name=town))}<|im_end|>\n"
+                         f"<|im_start|>assistant\n")
+        lines += [SEARCH_TURN.format(query=town), ANSWER_TURN.format(answer=region),
+                  f'Doc 1(Title: "{town}") {town} is a town in the region of {region}.\n']
+    for p in world["people"]:
+        lines.append(f"was born in {p['birthplace']} in {p['birth_year']} and worked as {article(p['occupation'])}.\n")
+        lines.append(ANSWER_TURN.format(answer=p["occupation"]))
+    syllables = [o + v + c for o in ONSETS for v in VOWELS for c in dict.fromkeys(CODAS)]  # ordered: no hash seed
+    lines += [" ".join(s.capitalize() for s in syllables), " ".join(syllables), "".join(syllables)]
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for corpus.jsonl, world_*.jsonl and policy/")
@@ -189,8 +212,8 @@ def main(argv=None):
     if args.sft_steps:
         import warm_start
 
-        warm_start.run(world, retriever, out / "policy", seed=args.seed, sft_steps=args.sft_steps,
-                       wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens,
+        warm_start.run(world, tokenizer_texts(world), retriever, out / "policy", seed=args.seed,
+                       sft_steps=args.sft_steps, wrong_frac=args.wrong_frac, max_obs_tokens=args.max_obs_tokens,
                        eval_questions=args.eval_questions, batch_size=args.sft_batch_size, lr=args.sft_lr,
                        redraw=args.redraw_errors, guess_frac=args.guess_frac)
 

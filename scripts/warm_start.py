@@ -5,10 +5,9 @@ Steps (`run`), all offline and seeded:
   1. `build_tokenizer`: a byte-level BPE (at most 1,500 ids; the world's text gives ~990) trained with the
      `tokenizers` library as tests/tiny.py trains its own (Qwen2.5's normalizer, pre-tokenizer regex and decoder;
      special tokens <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos); the ChatML chat template, so
-     rollout.make_prompt wraps prompts as for Qwen2.5-Instruct). Its text
-     holds the prompt, tags, towns, regions and occupations, and the name syllables *one by one*, never whole person
-     names: every name, train or test, splits into the same kind of pieces, so the model must copy names, not
-     memorise them.
+     rollout.make_prompt wraps prompts as for Qwen2.5-Instruct). Its text (search_world.tokenizer_texts) holds the
+     prompt, tags, towns, regions and occupations, and the name syllables *one by one*, never whole person names:
+     every name, train or test, splits into the same kind of pieces, so the model must copy names, not memorise them.
   2. `build_model`: a small Qwen2ForCausalLM (2 layers, hidden 128: 0.65M parameters).
   3. `demonstration`: one training question as an Episode exactly as rollout.rollout would build it from a perfect
      policy: the prompt (make_prompt), then per supporting passage a model turn "<think> I need to find X.
@@ -36,13 +35,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, scripts/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy import collate, load_policy, response_logp  # noqa: E402
 from engine import hf_generator  # noqa: E402
-from rollout import (INVALID_ACTION, OBS_HEAD, OBS_TAIL, PROMPT, Episode, answer_span, em_check,  # noqa: E402
-                     format_passages, make_prompt, observation_ids, rollout)
-from search_world import CODAS, ONSETS, QUESTIONS, VOWELS, article  # noqa: E402
+from rollout import (Episode, answer_span, em_check, format_passages, make_prompt, observation_ids,  # noqa: E402
+                     rollout)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (tests/tiny.py's)
 CHAT_TEMPLATE = (  # Qwen2.5's ChatML template without the default system message (tests/tiny.py's)
@@ -52,7 +50,8 @@ CHAT_TEMPLATE = (  # Qwen2.5's ChatML template without the default system messag
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 QWEN_PRETOKENIZE_REGEX = (  # Qwen2.5's (transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX)
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 SEARCH_TURN = "<think> I need to find {query}. </think>\n<search> {query} </search>"
 ANSWER_TURN = "<think> I found the answer. </think>\n<answer> {answer} </answer>"
@@ -61,25 +60,6 @@ GUESS_TURN = "<think> I know the answer. </think>\n<answer> {answer} </answer>" 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Tokenizer and model
-
-
-def tokenizer_texts(world: dict) -> list[str]:
-    """The BPE's training text: the chat-wrapped prompt and the demonstration turns with towns in the name slots,
-    passages without person names, the observation tags and the invalid-action message, and every name syllable
-    alone (capitalised and not, with and without a leading space). Person names never appear whole."""
-    lines = [INVALID_ACTION, OBS_HEAD + OBS_TAIL] + [f"Doc {i}(Title: " for i in range(1, 4)]
-    for town, region in world["towns"].items():
-        for template, _ in QUESTIONS.values():
-            lines.append(f"<|im_start|>user\n{PROMPT.format(question=template.format(name=town))}<|im_end|>\n"
-                         f"<|im_start|>assistant\n")
-        lines += [SEARCH_TURN.format(query=town), ANSWER_TURN.format(answer=region),
-                  f'Doc 1(Title: "{town}") {town} is a town in the region of {region}.\n']
-    for p in world["people"]:
-        lines.append(f"was born in {p['birthplace']} in {p['birth_year']} and worked as {article(p['occupation'])}.\n")
-        lines.append(ANSWER_TURN.format(answer=p["occupation"]))
-    syllables = [o + v + c for o in ONSETS for v in VOWELS for c in dict.fromkeys(CODAS)]  # ordered: no hash seed
-    lines += [" ".join(s.capitalize() for s in syllables), " ".join(syllables), "".join(syllables)]
-    return lines
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = 1500):
@@ -213,8 +193,11 @@ def redrawn_demonstrations(world: dict, tokenizer, search, *, max_obs_tokens: in
     for row in tqdm(world["train"], desc="demonstrations", unit="q", leave=False):
         values_of = values[row["metadata"]["attribute"]]
         wrong = [v for v in values_of if v not in row["golden_answers"]]
-        demo = lambda answer=None, searches=True: demonstration(  # noqa: E731
-            row, tokenizer, cached, max_obs_tokens=max_obs_tokens, answer=answer, searches=searches)
+
+        def demo(answer=None, searches=True):
+            return demonstration(row, tokenizer, cached, max_obs_tokens=max_obs_tokens, answer=answer,
+                                 searches=searches)
+
         pool.append({"right": [demo()], "wrong": [demo(v) for v in rng.sample(wrong, min(variants, len(wrong)))],
                      "guess": [demo(v, False) for v in rng.choices(values_of, k=variants)]})
 
@@ -298,16 +281,17 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
     return out
 
 
-def run(world: dict, retriever, out: Path, *, seed: int = 0, sft_steps: int = 1500, wrong_frac: float = 0.3,
-        max_obs_tokens: int = 120, eval_questions: int = 64, batch_size: int = 8, lr: float = 3e-3,
-        redraw: bool = False, guess_frac: float = 0.0):
-    """Tokenizer, model, demonstrations, supervised pass, save_pretrained to `out`, then the sampled EM of the saved
-    policy (loaded back with policy.load_policy, as train.py loads it) on train and test questions. redraw: errors
-    redrawn at every draw (redrawn_demonstrations, with guess_frac), else one fixed demonstration per question."""
+def run(world: dict, texts: list[str], retriever, out: Path, *, seed: int = 0, sft_steps: int = 1500,
+        wrong_frac: float = 0.3, max_obs_tokens: int = 120, eval_questions: int = 64, batch_size: int = 8,
+        lr: float = 3e-3, redraw: bool = False, guess_frac: float = 0.0):
+    """Tokenizer (a BPE trained on `texts`: search_world.tokenizer_texts), model, demonstrations, supervised pass,
+    save_pretrained to `out`, then the sampled EM of the saved policy (loaded back with policy.load_policy, as
+    train.py loads it) on train and test questions. redraw: errors redrawn at every draw (redrawn_demonstrations,
+    with guess_frac), else one fixed demonstration per question."""
     t0 = time.time()
     random.seed(seed)
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer(tokenizer_texts(world))
+    tokenizer = build_tokenizer(texts)
     model = build_model(tokenizer, seed=seed)
     if redraw:
         demos = redrawn_demonstrations(world, tokenizer, retriever.search, max_obs_tokens=max_obs_tokens,

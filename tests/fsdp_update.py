@@ -39,8 +39,13 @@ class Ep:
 
 def episodes(step):
     gen = torch.Generator().manual_seed(100 + step)
-    ids = lambda n: torch.randint(3, 700, (n,), generator=gen).tolist()  # noqa: E731
-    n = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen))  # noqa: E731
+
+    def ids(n):
+        return torch.randint(3, 700, (n,), generator=gen).tolist()
+
+    def n(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=gen))
+
     eps = [Ep(i // G, ids(n(4, 9)), ids(n(2, 8)), ids(n(0, 5)), ids(n(1, 6))) for i in range(B)]
     rewards = torch.randint(0, 2, (B,), generator=gen).float()
     return eps, rewards

@@ -18,7 +18,7 @@ def test_tiny_run_writes_every_row_with_positive_figures(tmp_path):
     figures taken from the run's own metrics; the tests part runs one named test through pytest."""
     out = tmp_path / "x.json"
     r = subprocess.run([*SCRIPT, "--tiny", "--out", str(out), "--tests",
-                        "tests/test_memory_plan.py::test_kv_bytes_per_token_by_hand"],
+                        "tests/test_memory.py::test_kv_bytes_per_token_by_hand"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())

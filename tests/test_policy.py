@@ -1,6 +1,8 @@
-"""policy.load_policy: every broken model folder, an unreachable hub and a mismatched tokenizer give one clear line that
-names --model and the file (today's main: an empty tokenizer and an IndexError at step 1, safetensors' Rust error,
-transformers' OSError, ~50 s of retries and an 80-line traceback)."""
+"""policy.py: load_policy gives one clear line naming --model and the file for every broken model folder, an
+unreachable hub and a mismatched tokenizer (today's main: an empty tokenizer and an IndexError at step 1, safetensors'
+Rust error, transformers' OSError, ~50 s of retries and an 80-line traceback); the log-probs are the sampler's
+(temperature on the logits, dropout off, masks by position, padding cut per micro-batch, the memory-lean pass equal
+to the plain one, gradient checkpointing that changes nothing)."""
 
 import json
 import os
@@ -16,9 +18,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policy import load_policy, safetensors_problem  # noqa: E402
-from test_train import QUESTIONS  # noqa: E402
 from data import DEMO_CORPUS  # noqa: E402
+from engine import hf_generator  # noqa: E402
+from policy import batch_logp, collate, enable_grad_ckpt, load_policy, response_logp, safetensors_problem  # noqa: E402
+from retriever import BM25Retriever  # noqa: E402
+from rollout import rollout  # noqa: E402
+from test_train import QUESTIONS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
 
@@ -158,6 +163,7 @@ def test_logp_and_entropy_from_one_log_softmax():
     p = torch.softmax(logits / 0.7, -1)  # entropy written out by hand: -sum p log p of the T-scaled distribution
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1))
 
+
 def test_response_logp_agrees_with_the_plain_computation():
     """The memory-lean response_logp (all-padding columns cut, only the response positions' logits, chunked
     log-softmax, checkpointed entropy) gives the same logp [b, T] as response_logp_plain (the full forward, one
@@ -190,6 +196,161 @@ def test_response_logp_agrees_with_the_plain_computation():
     torch.testing.assert_close(lean_grad, plain_grad, atol=1e-5, rtol=1e-4)
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Log-probs exactly as the sampler computed them: temperature, dropout off, masks by position, padding cut per
+# micro-batch, gradient checkpointing
+
+
+@pytest.mark.parametrize("temperature, amp", [(0.7, False), (1.3, False), (0.7, True)])
+def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature, amp):
+    """Dropout in the config and T != 1: the rollout policy's log-probs recomputed for the update give ratio == 1;
+    also under bf16 autocast (--amp bf16), where old and current log-probs run the same bf16 passes."""
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0, dropout=0.3)
+    model.eval()  # as load_policy leaves it (test_p18_load_policy_turns_dropout_off checks that)
+    with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+        _ratio_is_one(model, tok, temperature)
+
+
+def _ratio_is_one(model, tok, temperature):
+    generate = hf_generator(model, tok, max_new_tokens=12, temperature=temperature, top_p=1.0)
+    eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=2, max_turns=1,
+                  max_obs_tokens=40)
+    batch = collate(eps, tok.pad_token_id)
+    old = batch_logp(model, batch, 2, temperature, len(tok))
+    for i in range(0, len(eps), 2):
+        logp, _ = response_logp(model, batch, slice(i, i + 2), temperature, len(tok), with_entropy=True)
+        ratio = torch.exp(logp.detach() - old[i:i + 2]) * batch["loss_mask"][i:i + 2]
+        assert torch.equal(ratio, batch["loss_mask"][i:i + 2])  # exact: the same forward of the same rows, twice
+    # and the log-probs are those of the temperature-scaled policy: at T=1 they differ
+    other = batch_logp(model, batch, 2, 1.0, len(tok))
+    assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
+
+
+def test_p18_load_policy_turns_dropout_off(tmp_path):
+    """A checkpoint with dropout in its config: load_policy returns it in eval mode, so the log-prob pass is exact."""
+    tok = build_tokenizer()
+    build_model(tok, seed=0, dropout=0.5).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, tok2, _ = load_policy(str(tmp_path), "float32", "cpu")
+    assert model.config.attention_dropout == 0.5 and not model.training  # exact: a setting, saved and loaded
+    assert not any(m.training for m in model.modules())
+
+    class E:
+        prompt_ids, response_ids = tok2.encode("Where is Paris?"), tok2.encode(" In France, on the Seine.")
+        loss_mask = answer_mask = [1] * len(response_ids)
+
+    batch = collate([E(), E()], tok2.pad_token_id)
+
+    def lp():
+        return response_logp(model, batch, slice(0, 2), 1.0, len(tok2))[0].detach()
+
+    a = lp()
+    assert torch.equal(a, lp())  # exact: the same pass twice in one process: ratio exactly 1 on-policy
+    model.train()  # control: with dropout active the same pass is not reproducible (the test has teeth)
+    torch.manual_seed(0)
+    assert not torch.equal(a, lp())  # exact: any difference at all shows dropout acting
+    model.eval()
+
+
+def test_p9_p10_collate_masks_by_position_not_by_pad_value():
+    """P9/P10: a response whose last token is the pad id (pad == eos) keeps it in the loss and attention masks."""
+    tok = build_tokenizer()
+
+    class E:  # the fields collate reads
+        def __init__(self, p, r, m):
+            self.prompt_ids, self.response_ids, self.loss_mask, self.answer_mask = p, r, m, [0] * len(r)
+
+    pad = tok.pad_token_id
+    b = collate([E([5, 6, 7], [8, pad], [1, 1]), E([5], [8, 9, 10, 11], [1, 0, 0, 1])], pad)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, pad, pad, pad], [pad, pad, 5, 8, 9, 10, 11]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 4], [0, 0, 0, 1, 2, 3, 4]]
+    assert b["loss_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 1]]
+
+
+def test_p10_loss_mask_ends_at_first_eos_or_true_length():
+    """Mixed lengths, one row without EOS (truncated), tokens after the first EOS: the trained positions are exactly
+    the kept tokens, the first EOS included, and nothing after it or in the padding (veRL's all-ones mask: verl
+    #3805)."""
+    from rollout import cut_turn
+
+    tok = build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    words = tok.encode(" the quick brown fox", add_special_tokens=False)
+    raw = [words[:2] + [eos] + words[2:] + [eos, pad],  # EOS at 2, junk after it
+           words,  # max_new_tokens hit: no EOS, the true length is kept
+           [eos, pad, pad]]  # EOS first
+    kept = [cut_turn(r, tok, {eos}) for r in raw]
+    assert kept == [(words[:2] + [eos], True), (words, False), ([eos], True)]
+
+    class E:
+        def __init__(self, ids):
+            self.prompt_ids, self.response_ids = [7, 8], ids
+            self.loss_mask = self.answer_mask = [1] * len(ids)
+
+    b = collate([E(ids) for ids, _ in kept], pad)
+    n = len(words)
+    assert b["loss_mask"].tolist() == [[1.0] * 3 + [0.0] * (n - 3), [1.0] * n, [1.0] + [0.0] * (n - 1)]  # exact: 0/1
+    assert b["attention_mask"][:, 2:].tolist() == b["loss_mask"].tolist()  # exact: 0/1 masks; no pad, no post-EOS
+
+
+def test_padding_is_cut_per_micro_batch_and_changes_nothing(monkeypatch):
+    """A row's logp/entropy in a batch padded for much longer rows equal the row collated alone; the model sees only
+    the micro-batch's own columns (the cut), and the padded positions come back as zeros."""
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0)
+
+    class E:  # the fields collate reads
+        def __init__(self, p, r):
+            self.prompt_ids, self.response_ids = p, r
+            self.loss_mask, self.answer_mask = [1] * len(r), [0] * len(r)
+
+    short, long_ = E([5, 6], [7, 8, 9]), E(list(range(10, 40)), list(range(40, 80)))
+    batch, alone = collate([short, long_], tok.pad_token_id), collate([short], tok.pad_token_id)
+    seen = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(kw["input_ids"].shape) or forward(**kw))
+    logp, ent = response_logp(model, batch, slice(0, 1), 1.0, len(tok), with_entropy=True)
+    ref_logp, ref_ent = response_logp(model, alone, slice(0, 1), 1.0, len(tok), with_entropy=True)
+    assert seen[0] == (1, 5) and logp.shape == (1, 40)  # 2 prompt + 3 response columns of the 70 in the batch
+    torch.testing.assert_close(logp[:, :3], ref_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent[:, :3], ref_ent, atol=1e-6, rtol=0)
+    assert logp[:, 3:].eq(0).all() and ent[:, 3:].eq(0).all()
+    both = batch_logp(model, batch, 2, 1.0, len(tok))  # and the long row is unchanged by sharing a micro-batch
+    torch.testing.assert_close(both[1:], batch_logp(model, batch, 1, 1.0, len(tok))[1:], atol=1e-5, rtol=0)
+
+
+def test_grad_ckpt_same_gradient_and_really_recomputes():
+    """--grad-ckpt leaves the gradient unchanged (1e-5) in eval mode, and the decoder layers really run again in
+    backward (HF's gradient_checkpointing_enable() would do nothing in eval mode)."""
+    tok = build_tokenizer()
+
+    class E:
+        prompt_ids, response_ids = tok.encode("Where is Paris?"), tok.encode(" In France, on the Seine.")
+        loss_mask = answer_mask = [1] * len(response_ids)
+
+    batch = collate([E(), E()], tok.pad_token_id)
+    grads, attn_calls = [], []
+    for ckpt in (False, True):
+        model = build_model(tok, seed=0)
+        if ckpt:
+            enable_grad_ckpt(model)
+        n = [0]
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: n.__setitem__(0, n[0] + 1))
+        logp, ent = response_logp(model, batch, slice(0, 2), 1.0, len(tok), with_entropy=True)
+        (logp.sum() + ent.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        attn_calls.append(n[0])
+        with torch.no_grad():  # generation / old log-probs: no recompute, no checkpoint overhead
+            response_logp(model, batch, slice(0, 2), 1.0, len(tok))
+        attn_calls[-1] = (attn_calls[-1], n[0])
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
+    assert attn_calls == [(1, 2), (2, 3)]  # with checkpointing the layer ran again in backward
+
+
 def test_policy_py_runs_alone(tiny):
     """`python policy.py MODEL`: checks and loads the folder and says what it is; a broken folder is one line."""
     r = subprocess.run([sys.executable, "policy.py", str(tiny)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -198,5 +359,6 @@ def test_policy_py_runs_alone(tiny):
                                                         "tokenizer 800 tokens")
     r = subprocess.run([sys.executable, "policy.py", str(tiny / "nope")], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 1 and r.stderr.strip() == f"error: --model {tiny / 'nope'}: no such folder or file (pass a " \
-                                                      "hub id, a model folder or a .gguf)"
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"error: --model {tiny / 'nope'}: no such folder or file (pass a hub id, a model "
+                                "folder or a .gguf)")

@@ -28,7 +28,7 @@ def world():
 
 @pytest.fixture(scope="module")
 def tok(world):
-    return S.build_tokenizer(S.tokenizer_texts(world), vocab_size=600)
+    return S.build_tokenizer(W.tokenizer_texts(world), vocab_size=600)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_a_few_supervised_steps_lower_the_loss(world, tok, retriever):
 def test_tokenizer_is_the_same_in_every_process():
     # a set's order changes with PYTHONHASHSEED; the BPE's training text must not depend on it
     code = ("import hashlib, sys; sys.path.insert(0, 'scripts'); import search_world as W, warm_start as S; "
-            "t = S.build_tokenizer(S.tokenizer_texts(W.make_world(seed=3, people=40, towns=6)), vocab_size=600); "
+            "t = S.build_tokenizer(W.tokenizer_texts(W.make_world(seed=3, people=40, towns=6)), vocab_size=600); "
             "print(hashlib.sha256(t.backend_tokenizer.to_str().encode()).hexdigest())")
     out = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]

@@ -14,14 +14,15 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout", "tracking"},
+    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "retriever", "rollout",
+              "tracking"},
     "evaluate": {"checkpoint", "data", "engine", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},
-    "fsdp": {"checkpoint"},
     "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
     "rollout": {"data"},  # the demo's 5 passages
-    "grpo": set(), "llds": set(), "bm25": set(), "data": set(), "checkpoint": set(), "tracking": set(),
+    "grpo": set(), "llds": set(), "bm25": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
+    "memory": set(),
 }
 
 
@@ -93,7 +94,8 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python "
         "scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and "
-        "--corpus FILE, or try `python scripts/spiral.py` (offline, a search world)"]
+        "--corpus FILE, or try "
+        "`python scripts/spiral.py` (offline, a search world)"]
 
 
 def test_a_metric_without_a_reduction_is_an_error():

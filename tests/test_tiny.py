@@ -83,7 +83,10 @@ def test_model_vocab_larger_than_tokenizer(tok):
 
 def test_seed_controls_weights(tok):
     m0, m0b, m1 = build_model(tok, seed=0), build_model(tok, seed=0), build_model(tok, seed=1)
-    w = lambda m: m.model.layers[0].self_attn.q_proj.weight  # noqa: E731
+
+    def w(m):
+        return m.model.layers[0].self_attn.q_proj.weight
+
     torch.testing.assert_close(w(m0), w(m0b), rtol=0, atol=0)  # exact: one seed, the same init code, one process
     assert not torch.equal(w(m0), w(m1))  # exact: another seed gives other weights
 

@@ -10,15 +10,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
 
 from data import DEMO_CORPUS  # noqa: E402
-from engine import hf_generator  # noqa: E402
-from retriever import BM25Retriever  # noqa: E402
-from rollout import rollout  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
+import memory  # noqa: E402
 import policy  # noqa: E402
-from policy import batch_logp, collate, load_policy, response_logp  # noqa: E402
+from policy import batch_logp, collate, load_policy  # noqa: E402
 from train import parse_args  # noqa: E402
 
 QUESTIONS = [
@@ -60,7 +57,8 @@ def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files, amp):
                 "alarm/phase", "perf/update_s"):
         assert key in lines[0], key
     # the diagnostics are of this step's update: lr 1e-3 moves the likelihood of the sampled responses
-    assert lines[0]["diag/delta_incorrect"] != 0 and lines[0]["diag/logp_incorrect_after"] != lines[0]["diag/logp_incorrect"]
+    assert lines[0]["diag/delta_incorrect"] != 0
+    assert lines[0]["diag/logp_incorrect_after"] != lines[0]["diag/logp_incorrect"]
     # 8 trajectories in mini-batches of 4: the second mini-batch is off-policy, so LLDS sees a non-zero Delta
     assert any(m["llds/gate_rate"] > 0 for m in lines)
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000002"]  # the last step; none left over
@@ -136,125 +134,6 @@ def test_prompts_per_step_above_the_question_count_is_an_error(files):
         train_in_process(files, files["dir"] / "too_many", "--steps", "1", "--prompts-per-step", "8")
 
 
-@pytest.mark.parametrize("temperature, amp", [(0.7, False), (1.3, False), (0.7, True)])
-def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature, amp):
-    """Dropout in the config and T != 1: the rollout policy's log-probs recomputed for the update give ratio == 1;
-    also under bf16 autocast (--amp bf16), where old and current log-probs run the same bf16 passes."""
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, seed=0, dropout=0.3)
-    model.eval()  # as load_policy leaves it (test_p18_load_policy_turns_dropout_off checks that)
-    with torch.autocast("cpu", torch.bfloat16, enabled=amp):
-        _ratio_is_one(model, tok, temperature)
-
-
-def _ratio_is_one(model, tok, temperature):
-    generate = hf_generator(model, tok, max_new_tokens=12, temperature=temperature, top_p=1.0)
-    eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=2, max_turns=1,
-                  max_obs_tokens=40)
-    batch = collate(eps, tok.pad_token_id)
-    old = batch_logp(model, batch, 2, temperature, len(tok))
-    for i in range(0, len(eps), 2):
-        logp, _ = response_logp(model, batch, slice(i, i + 2), temperature, len(tok), with_entropy=True)
-        ratio = torch.exp(logp.detach() - old[i:i + 2]) * batch["loss_mask"][i:i + 2]
-        assert torch.equal(ratio, batch["loss_mask"][i:i + 2])  # exact: the same forward of the same rows, twice
-    # and the log-probs are those of the temperature-scaled policy: at T=1 they differ
-    other = batch_logp(model, batch, 2, 1.0, len(tok))
-    assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
-
-
-def test_padding_is_cut_per_micro_batch_and_changes_nothing(monkeypatch):
-    """A row's logp/entropy in a batch padded for much longer rows equal the row collated alone; the model sees only
-    the micro-batch's own columns (the cut), and the padded positions come back as zeros."""
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, seed=0)
-
-    class E:  # the fields collate reads
-        def __init__(self, p, r):
-            self.prompt_ids, self.response_ids = p, r
-            self.loss_mask, self.answer_mask = [1] * len(r), [0] * len(r)
-
-    short, long_ = E([5, 6], [7, 8, 9]), E(list(range(10, 40)), list(range(40, 80)))
-    batch, alone = collate([short, long_], tok.pad_token_id), collate([short], tok.pad_token_id)
-    seen = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(kw["input_ids"].shape) or forward(**kw))
-    logp, ent = response_logp(model, batch, slice(0, 1), 1.0, len(tok), with_entropy=True)
-    ref_logp, ref_ent = response_logp(model, alone, slice(0, 1), 1.0, len(tok), with_entropy=True)
-    assert seen[0] == (1, 5) and logp.shape == (1, 40)  # 2 prompt + 3 response columns of the 70 in the batch
-    torch.testing.assert_close(logp[:, :3], ref_logp, atol=1e-6, rtol=0)
-    torch.testing.assert_close(ent[:, :3], ref_ent, atol=1e-6, rtol=0)
-    assert logp[:, 3:].eq(0).all() and ent[:, 3:].eq(0).all()
-    both = batch_logp(model, batch, 2, 1.0, len(tok))  # and the long row is unchanged by sharing a micro-batch
-    torch.testing.assert_close(both[1:], batch_logp(model, batch, 1, 1.0, len(tok))[1:], atol=1e-5, rtol=0)
-
-
-def test_p9_p10_collate_masks_by_position_not_by_pad_value():
-    """P9/P10: a response whose last token is the pad id (pad == eos) keeps it in the loss and attention masks."""
-    tok = build_tokenizer()
-
-    class E:  # the fields collate reads
-        def __init__(self, p, r, m):
-            self.prompt_ids, self.response_ids, self.loss_mask, self.answer_mask = p, r, m, [0] * len(r)
-
-    pad = tok.pad_token_id
-    b = collate([E([5, 6, 7], [8, pad], [1, 1]), E([5], [8, 9, 10, 11], [1, 0, 0, 1])], pad)
-    assert b["input_ids"].tolist() == [[5, 6, 7, 8, pad, pad, pad], [pad, pad, 5, 8, 9, 10, 11]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1]]
-    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 4], [0, 0, 0, 1, 2, 3, 4]]
-    assert b["loss_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 1]]
-
-
-def test_p10_loss_mask_ends_at_first_eos_or_true_length():
-    """Mixed lengths, one row without EOS (truncated), tokens after the first EOS: the trained positions are exactly
-    the kept tokens, the first EOS included, and nothing after it or in the padding (veRL's all-ones mask: verl
-    #3805)."""
-    from rollout import cut_turn
-
-    tok = build_tokenizer()
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-    words = tok.encode(" the quick brown fox", add_special_tokens=False)
-    raw = [words[:2] + [eos] + words[2:] + [eos, pad],  # EOS at 2, junk after it
-           words,  # max_new_tokens hit: no EOS, the true length is kept
-           [eos, pad, pad]]  # EOS first
-    kept = [cut_turn(r, tok, {eos}) for r in raw]
-    assert kept == [(words[:2] + [eos], True), (words, False), ([eos], True)]
-
-    class E:
-        def __init__(self, ids):
-            self.prompt_ids, self.response_ids = [7, 8], ids
-            self.loss_mask = self.answer_mask = [1] * len(ids)
-
-    b = collate([E(ids) for ids, _ in kept], pad)
-    n = len(words)
-    assert b["loss_mask"].tolist() == [[1.0] * 3 + [0.0] * (n - 3), [1.0] * n, [1.0] + [0.0] * (n - 1)]  # exact: 0/1
-    assert b["attention_mask"][:, 2:].tolist() == b["loss_mask"].tolist()  # exact: 0/1 masks; no pad, no post-EOS
-
-
-def test_p18_load_policy_turns_dropout_off(tmp_path):
-    """A checkpoint with dropout in its config: load_policy returns it in eval mode, so the log-prob pass is exact."""
-    tok = build_tokenizer()
-    build_model(tok, seed=0, dropout=0.5).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    model, tok2, _ = load_policy(str(tmp_path), "float32", "cpu")
-    assert model.config.attention_dropout == 0.5 and not model.training  # exact: a setting, saved and loaded
-    assert not any(m.training for m in model.modules())
-
-    class E:
-        prompt_ids, response_ids = tok2.encode("Where is Paris?"), tok2.encode(" In France, on the Seine.")
-        loss_mask = answer_mask = [1] * len(response_ids)
-
-    batch = collate([E(), E()], tok2.pad_token_id)
-    lp = lambda: response_logp(model, batch, slice(0, 2), 1.0, len(tok2))[0].detach()  # noqa: E731
-    a = lp()
-    assert torch.equal(a, lp())  # exact: the same pass twice in one process: ratio exactly 1 on-policy
-    model.train()  # control: with dropout active the same pass is not reproducible (the test has teeth)
-    torch.manual_seed(0)
-    assert not torch.equal(a, lp())  # exact: any difference at all shows dropout acting
-    model.eval()
-
-
 @pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py", "fsdp.py"])
 def test_concept_file_runs_alone(script):
     r = run(script)
@@ -269,7 +148,8 @@ def test_p24_eval_subset_is_fixed_and_seeded():
     assert select(rows, 5, seed=0) == select(rows, 5, seed=0)  # the same questions at every evaluation
     assert select(rows, 5, seed=0) != select(rows, 5, seed=1)
     assert select(rows, 0, seed=0) == rows and select(rows, 500, seed=0) == rows
-    table = score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0}, {"data_source": "b", "em": 1.0}])
+    table = score_table([{"data_source": "a", "em": 1.0}, {"data_source": "a", "em": 0.0},
+                         {"data_source": "b", "em": 1.0}])
     assert table["a"] == pytest.approx({"em": 0.5, "n": 2}) and table["b"] == pytest.approx({"em": 1.0, "n": 1})
     assert table["average"] == pytest.approx({"em": 0.75, "n": 3})  # unweighted mean over sources, as the paper's Avg
 
@@ -341,7 +221,7 @@ def test_train_same_rewards_in_process_and_served(files):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Issue 5: NaN/inf guard, exact resume, gradient checkpointing (main() run in-process on the tiny model)
+# Issue 5: NaN/inf guard, exact resume (main() run in-process on the tiny model)
 
 
 def train_in_process(files, out, *extra):
@@ -477,37 +357,6 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
     assert len(moved) == 2 + 4  # the second mini-batch and the after pass saw updated weights
 
 
-def test_grad_ckpt_same_gradient_and_really_recomputes():
-    """--grad-ckpt leaves the gradient unchanged (1e-5) in eval mode, and the decoder layers really run again in
-    backward (HF's gradient_checkpointing_enable() would do nothing in eval mode)."""
-    from policy import enable_grad_ckpt
-
-    tok = build_tokenizer()
-
-    class E:
-        prompt_ids, response_ids = tok.encode("Where is Paris?"), tok.encode(" In France, on the Seine.")
-        loss_mask = answer_mask = [1] * len(response_ids)
-
-    batch = collate([E(), E()], tok.pad_token_id)
-    grads, attn_calls = [], []
-    for ckpt in (False, True):
-        model = build_model(tok, seed=0)
-        if ckpt:
-            enable_grad_ckpt(model)
-        n = [0]
-        model.model.layers[0].self_attn.register_forward_hook(lambda *_: n.__setitem__(0, n[0] + 1))
-        logp, ent = response_logp(model, batch, slice(0, 2), 1.0, len(tok), with_entropy=True)
-        (logp.sum() + ent.sum()).backward()
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        attn_calls.append(n[0])
-        with torch.no_grad():  # generation / old log-probs: no recompute, no checkpoint overhead
-            response_logp(model, batch, slice(0, 2), 1.0, len(tok))
-        attn_calls[-1] = (attn_calls[-1], n[0])
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
-    assert attn_calls == [(1, 2), (2, 3)]  # with checkpointing the layer ran again in backward
-    assert parse_args(["--grad-ckpt"]).grad_ckpt and not parse_args([]).grad_ckpt
-
-
 def test_ref_offload_gives_the_same_run(files, monkeypatch):
     """--ref-offload (write the reference once in --ref-dtype to OUT_DIR/.ref, reload it for each step's pass, free it
     before the update) changes memory, not numbers: the same metrics as keeping the reference resident, in either
@@ -517,7 +366,11 @@ def test_ref_offload_gives_the_same_run(files, monkeypatch):
     kept = train_in_process(files, files["dir"] / "ref_kept", "--steps", "2", "--ref-dtype", "float32")
     loads = []
     real_load = train.load_policy
-    watch = lambda name, *a: loads.append((Path(name).name, *a)) or real_load(name, *a)  # noqa: E731
+
+    def watch(name, *a):
+        loads.append((Path(name).name, *a))
+        return real_load(name, *a)
+
     monkeypatch.setattr(train, "load_policy", watch)
     monkeypatch.setattr(policy, "load_policy", watch)  # the reference is loaded (and offloaded) through it
     offloaded = train_in_process(files, files["dir"] / "ref_off", "--steps", "2", "--ref-offload",
@@ -569,12 +422,12 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     monkeypatch.setitem(engine.GENERATORS, "hf", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
     # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
-    # tokens: 979,200 bytes per row (policy.row_bytes). Free: the static memory plus just enough for the update's 1-row
-    # micro-batches with --grad-ckpt (policy.update_activation_bytes); the generate calls get 0.9 x that / 979,200
+    # tokens: 979,200 bytes per row (memory.row_bytes). Free: the static memory plus just enough for the update's 1-row
+    # micro-batches with --grad-ckpt (memory.update_activation_bytes); the generate calls get 0.9 x that / 979,200
     model = load_policy(files["model"], "float32", "cpu")[0]
     n = sum(p.numel() for p in model.parameters())
     static = n * (4 + 4 + 8 + 4)  # fp32 policy, gradients, AdamW m and v, reference (--ref-dtype float32)
-    left = policy.update_activation_bytes(model, 1, 400, 400 - 256, grad_ckpt=True, bf16_autocast=False) / 0.9 + 1e3
+    left = memory.update_activation_bytes(model, 1, 400, 400 - 256, grad_ckpt=True, bf16_autocast=False) / 0.9 + 1e3
     rows = int(0.9 * left // 979_200)
     assert 1 < rows < 8  # a turn has 2 x 4 rows: the memory, not the cap, decides
     monkeypatch.setattr(train, "free_memory", lambda device: static + left)
@@ -599,7 +452,7 @@ def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_th
     monkeypatch.setattr(train, "enable_grad_ckpt", lambda m: wrapped.append(m) or policy.enable_grad_ckpt(m))
     model = load_policy(files["model"], "float32", "cpu")[0]
     static = sum(p.numel() for p in model.parameters()) * (4 + 4 + 8 + 4)
-    need = {ck: policy.update_activation_bytes(model, 2, 400, 144, grad_ckpt=ck, bf16_autocast=False) for ck in (0, 1)}
+    need = {ck: memory.update_activation_bytes(model, 2, 400, 144, grad_ckpt=ck, bf16_autocast=False) for ck in (0, 1)}
     assert need[1] < need[0]
     monkeypatch.setattr(train, "free_memory", lambda device: static + need[1] / 0.9 + 1e3)  # room with checkpointing
     metrics = train_in_process(files, files["dir"] / "ckpt_auto", "--steps", "1", "--ref-dtype", "float32",
@@ -613,7 +466,8 @@ def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_th
     msg = str(stop.value)
     assert len(msg.splitlines()) == 1 and msg.startswith("error: the update does not fit: 2 row(s) per micro-batch x "
                                                          "400 tokens without --grad-ckpt need"), msg
-    assert "use --micro-batch-size 1, --grad-ckpt, --ref-offload, --fsdp" in msg and "step 1 |" not in capsys.readouterr().out
+    assert "use --micro-batch-size 1, --grad-ckpt, --ref-offload, --fsdp" in msg
+    assert "step 1 |" not in capsys.readouterr().out
 
 # Issue 22: every logged loss metric is the exact mean over the mini-batch, however it is split into micro-batches
 
@@ -694,4 +548,5 @@ def test_report_to_a_tracker_that_is_not_installed_is_one_line():
     out = subprocess.run([sys.executable, "train.py", "--report-to", "trackio"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(
-        "error: --report-to trackio: the trackio package is not installed (pip install trackio), or leave --report-to off")
+        "error: --report-to trackio: the trackio package is not installed (pip install trackio), or leave --report-to "
+        "off")

@@ -1,7 +1,8 @@
-"""The memory plan (policy.py): KV bytes per token, the static memory, --gen-batch-size auto and the update's
+"""The memory plan (memory.py): KV bytes per token, the static memory, --gen-batch-size auto and the update's
 activations with --micro-batch-size and --grad-ckpt chosen when unset, checked against hand arithmetic with fake
 free-memory figures for the three model sizes on the meta device; the flags' parsing (train.py)."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from policy import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
-from policy import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
+from memory import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
+from memory import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
 from memory_plan import meta_model  # noqa: E402
 from train import parse_args  # noqa: E402
 
@@ -84,6 +85,15 @@ def test_memory_plan_for_3b_on_an_80_gb_card():
     assert n == 512 and "does NOT fit: lower --gen-batch-size" in plan
     with pytest.raises(ValueError, match="--gen-batch-size auto: one generate row needs"):
         memory_plan(model, 50e9, "auto", rows=2560, turns=(3, 500, 500), bf16=True, ref=ref)  # static > 50 GB
+
+
+def test_the_demo_prints_the_3b_plan_of_its_comments():
+    out = subprocess.run([sys.executable, "memory.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "context 3756 | KV bytes/token 36864 | row bytes 400645008"
+    assert "static 57.5 GiB" in lines[1] and "41 rows per call" in lines[2]
+    assert "--micro-batch-size 4 (chosen by the plan), --grad-ckpt on" in lines[3] and "= 19.1 GiB" in lines[3]
 
 
 def test_free_memory_on_cpu_is_a_positive_byte_count():
@@ -179,3 +189,4 @@ def test_grad_ckpt_and_micro_batch_size_unset_by_default():
     assert args.micro_batch_size is None and args.grad_ckpt is None
     args = parse_args(["--micro-batch-size", "2", "--no-grad-ckpt"])
     assert args.micro_batch_size == 2 and args.grad_ckpt is False
+    assert parse_args(["--grad-ckpt"]).grad_ckpt is True
