@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SPEC = ROOT.parent / "shared" / "SPEC.md"
 
 import evaluate as E  # noqa: E402
+import paper  # noqa: E402
 from data import DEMO_CORPUS, load_questions  # noqa: E402
 from engine import hf_generator  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
@@ -134,99 +134,15 @@ def test_score_table_only_em_keeps_the_old_shape():
 # The paper's numbers
 
 
-def test_paper_rows_are_self_consistent():
-    """Gen = mean(NQ, TQA, PopQA), MH = mean of the 4 multi-hop sets, Avg = mean of all 7, to +-0.002 (rounding).
-    All stored rows pass; the largest gap is 0.0005 (the footnoted 3B-Base +LLDS-MA Avg 0.440 = 3.077 / 7 holds: only
-    its printed gain "+45.2%" is off)."""
-    for label in E.PAPER:
-        v = E.paper_row(label)
-        assert len(v) == len(E.COLUMNS) == 10 and None not in v, label
-        nq, tqa, pop, gen, hot, wiki, mus, bam, mh, avg = v
-        assert abs(gen - (nq + tqa + pop) / 3) <= 0.002, label
-        assert abs(mh - (hot + wiki + mus + bam) / 4) <= 0.002, label
-        assert abs(avg - (nq + tqa + pop + hot + wiki + mus + bam) / 7) <= 0.002, label
-    assert E.paper_row("3B-Ins +LLDS")[9] == 0.441 and E.paper_row("7B-Ins +LLDS (λ=0.3)")[0] == 0.518  # exact: parsed
-
-
-@pytest.mark.skipif(not SPEC.exists(), reason="needs the maintainers' notes on the paper (not part of the repository)")
-def test_paper_rows_are_copied_exactly_from_spec():
-    spec = {}
-    for line in SPEC.read_text(encoding="utf-8").splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 11 and re.match(r"0\.\d{3}", cells[1]):
-            numbers = " ".join(c.split()[0] for c in cells[1:])  # "0.440 (+45.2%)*" -> "0.440"
-            spec.setdefault(re.sub(r"[*♢△]", "", cells[0]).strip(), []).append(numbers)
-    for label, numbers in E.PAPER.items():
-        size = re.match(r"(3B|7B) ", label)  # "3B Tree-GRPO" is Table 1's "Tree-GRPO", "7B Tree-GRPO" Table 2's
-        if size:
-            assert spec[label[3:]][["3B", "7B"].index(size.group(1))] == numbers, label
-        else:  # Table 4's rows are labelled by the method only ("GRPO-LLDS")
-            assert numbers in spec[label.removeprefix("Llama3.2-3B-Base ")], label
-
-
-def doc_recipes() -> tuple[list[str], dict]:
-    """docs/reproducing.md, "Reproducing the paper's rows": the common command's train.py arguments, and
-    {row: flags}."""
-    text = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
-    section = text.split("# Reproducing the paper's rows", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    common = re.search(r"```bash\n(torchrun .*?)\n```", section).group(1).split()
-    rows = {}
-    for line in section.splitlines():
-        m = re.match(r"\| (.+?) \| (\d) \| `(.+)` \|$", line)
-        if m:
-            assert m.group(1) not in rows, m.group(1)
-            rows[m.group(1)] = m.group(3).split()
-    return common[common.index("train.py") + 1:], rows
-
-
-def test_every_recipe_command_parses_to_its_rows_settings():
-    """Each row's command, parsed by train.py's parser, holds exactly the row's settings (model, training data, lambda,
-    gate, MA schedule and weight, policy loss), and trains with max_turns 3 (evaluation uses 4); every LLDS-related row
-    of Tables 1-4 has one, and each has the paper's numbers."""
-    from train import parse_args
-
-    common, rows = doc_recipes()
-    assert list(rows) == list(E.RECIPES) and set(E.RECIPES) <= set(E.PAPER)
-    assert "--fsdp" in common and "--retriever-url" in common
-    for label, flags in rows.items():
-        args = vars(parse_args(common + flags))
-        assert {k: args[k] for k in E.RECIPES[label]} == E.RECIPES[label], label
-        assert args["max_turns"] == 3 and args["group_size"] == 5 and args["prompts_per_step"] == 512, label
-    assert {r["llds"] for r in E.RECIPES.values()} == {0.0, 0.2, 0.3}  # exact: settings typed in, no arithmetic
-    assert E.RECIPES["7B-Ins +LLDS (λ=0.3)"]["llds"] == 0.3 and \
-        E.RECIPES["3B-Ins GSPO +LLDS"]["policy_loss"] == "gspo"  # exact: settings typed in
-    assert E.EVAL_MAX_TURNS == 4  # evaluate.py's default search budget, the paper's
-
-
-def test_compare_paper_picks_the_row_from_the_runs_args(tmp_path):
-    """A checkpoint of a run started with a recipe's command: recipe_row finds that row from the run's args.json (from
-    the run folder or from checkpoints/step_N), and no row for other settings or without args.json."""
-    from train import parse_args
-
-    common, rows = doc_recipes()
-    run = tmp_path / "run"
-    (run / "checkpoints" / "step_000650").mkdir(parents=True)
-    for label in ("3B-Ins +LLDS", "3B-Base +LLDS-MA", "3B-Ins GSPO +LLDS (response)", "7B-Ins +LLDS (λ=0.3)"):
-        (run / "args.json").write_text(json.dumps(vars(parse_args(common + rows[label] + ["--steps", "650"]))))
-        assert E.recipe_row(run) == (label, run / "args.json")
-        assert E.recipe_row(run / "checkpoints" / "step_000650") == (label, run / "args.json")
-    (run / "args.json").write_text(json.dumps(vars(parse_args(common + rows["3B-Ins +LLDS"] + ["--llds", "0.1"]))))
-    assert E.recipe_row(run) == (None, run / "args.json")
-    assert E.recipe_row("Qwen/Qwen2.5-3B") == (None, None)
-    lines = E.compare_lines(E.score_table([{"data_source": "nq", "em": 0.5}]), "3B-Base +LLDS")
-    assert [line.split("  ")[0] for line in lines[1:-2]] == ["3B-Base +LLDS"]  # the exact row, not also +LLDS-MA
-
-
 def test_compare_lines_puts_our_row_under_the_papers():
-    row = E.paper_row("3B-Ins +LLDS")
+    row = paper.paper_row("3B-Ins +LLDS")
     full = E.score_table([{"data_source": c, "em": v} for c, v in zip(E.COLUMNS, row) if c not in ("Gen", "MH", "Avg")])
     lines = E.compare_lines(full, "3B-Ins +LLDS")
     assert lines[0].split()[1:] == list(E.COLUMNS) and lines[1].startswith("3B-Ins +LLDS ")
     ours = lines[-1].split()[1:]
     assert lines[-1].startswith("ours") and ours == lines[1].split()[-10:]  # same numbers, nothing partial
     part = E.compare_lines(E.score_table([{"data_source": "hotpotqa", "em": 0.5}, {"data_source": "nq", "em": 0.25}]))
-    assert len(part) == 2 + len(E.PAPER) + 1
+    assert len(part) == 2 + len(paper.PAPER) + 1
     assert part[-2].split()[1:] == ["0.250", "–", "–", "0.250*", "0.500", "–", "–", "–", "0.500*", "0.375*"]
     assert part[-1].startswith("*")
 

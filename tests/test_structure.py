@@ -16,13 +16,13 @@ MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
     "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "retriever", "rollout",
               "tracking"},
-    "evaluate": {"checkpoint", "data", "engine", "policy", "retriever", "rollout"},
+    "evaluate": {"checkpoint", "data", "engine", "paper", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},
     "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
     "rollout": {"data"},  # the demo's 5 passages
     "grpo": set(), "llds": set(), "bm25": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
-    "memory": set(),
+    "memory": set(), "paper": set(),
 }
 
 
