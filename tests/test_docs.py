@@ -8,7 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "pitfalls.md"
-LLDS_NOTES = "## LLDS-specific notes"  # second numbering, for test names with "_parte"
 
 
 def python_files() -> list[Path]:
@@ -16,16 +15,15 @@ def python_files() -> list[Path]:
                    *(ROOT / "benchmarks").glob("*.py")])
 
 
-def defined_labels() -> tuple[set, set]:
-    """({"P1", ...} of the general section, {"P3", ...} of the LLDS-specific notes): the `### P<n>.` headings."""
-    general, llds = DOC.read_text(encoding="utf-8").split(LLDS_NOTES, 1)
-    headings = lambda text: set(re.findall(r"^### (P\d+)\.", text, re.MULTILINE))  # noqa: E731
-    return headings(general), headings(llds)
+def defined_labels() -> set[str]:
+    """{"P1", "P2", ...}: the `### P<n>.` headings of docs/pitfalls.md (one numbering, the LLDS regulariser's own
+    pitfalls included)."""
+    return set(re.findall(r"^### (P\d+)\.", DOC.read_text(encoding="utf-8"), re.MULTILINE))
 
 
 def test_every_cited_pitfall_label_is_defined():
-    general, _ = defined_labels()
-    assert len(general) >= 20
+    general = defined_labels()
+    assert len(general) >= 25
     undefined = []
     for path in [*python_files(), ROOT / "README.md"]:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -35,14 +33,14 @@ def test_every_cited_pitfall_label_is_defined():
 
 
 def test_every_pitfall_in_a_test_name_is_defined():
-    general, llds = defined_labels()
+    general = defined_labels()
     undefined = []
     for path in (ROOT / "tests").glob("test_*.py"):
         for name in re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.MULTILINE):
-            m = re.match(r"test_((?:p\d+_)+)(parte_)?", name)  # test_p9_p10_... ; test_p4_parte_... (LLDS notes)
+            m = re.match(r"test_((?:p\d+_)+)", name)  # test_p9_p10_...
             if m:
                 labels = {f"P{n}" for n in re.findall(r"p(\d+)_", m.group(1))}
-                undefined += [f"{path.name}::{name}: {label}" for label in sorted(labels - (llds if m.group(2) else general))]
+                undefined += [f"{path.name}::{name}: {label}" for label in sorted(labels - general)]
     assert not undefined, "test names carry pitfalls that docs/pitfalls.md does not define:\n" + "\n".join(undefined)
 
 
@@ -70,7 +68,7 @@ def test_every_pitfall_entry_names_a_test_or_says_none():
 
 def test_code_cites_no_internal_notes():
     # Comments cite the paper (arXiv 2512.04220 v2: section, equation, table) or an upstream file, never the project's
-    # working notes, which a clone does not have. (Tests may still *read* ../shared when it is present.)
+    # working notes, which a clone does not have (nor may a test read them: fixtures ship in tests/fixtures).
     pattern = re.compile(r"\bSPEC(?:\.md)? ?(?:part|Part|[A-E]\.\d|P\d|footnote)|\bPITFALLS\b|\bSTYLE R\d|shared/PITFALLS")
     hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in python_files() if p != Path(__file__).resolve()
             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]

@@ -267,7 +267,7 @@ def test_gate_action_segments_hand_written():
     got = llds.action_segments(keep.float())
     assert torch.equal(got.long(), want), (
         f"an action is a maximal run of 1s in the mask, numbered 1..K per row, 0 outside (a masked observation ends "
-        f"the action before it, P4); want {fmt(want)}, got {fmt(got)}")
+        f"the action before it, P26); want {fmt(want)}, got {fmt(got)}")
 
 
 # row 0: action 1 = tokens 0-3, Delta [0.5, -0.2, -0.2, -0.2], sum -0.1 -> off; token 4 observation (Delta 5 ignored)

@@ -2,8 +2,8 @@
 code's verl/workers/actor/dp_actor.py:347-431 at commit 6453f61).
 
 Delta = old_logp - logp (> 0: the update made the token rarer). Most tests build old_logp = 0 and logp = -Delta, so the
-Deltas can be read off the test. Test names carry the pitfall they pin (docs/pitfalls.md; "_parte": its LLDS-specific
-notes).
+Deltas can be read off the test. Test names carry the pitfall they pin (docs/pitfalls.md; P25-P29 are the LLDS
+regulariser's own).
 """
 
 import math
@@ -99,7 +99,7 @@ def test_action_gate_uses_signed_sum_per_action():
     assert_close(m["llds/gate_rate"], 1 / 3)  # 1 of 3 actions in Y_pre
 
 
-def test_p11_parte_response_gate_uses_signed_sum_of_response():
+def test_p29_response_gate_uses_signed_sum_of_response():
     # row 0: response sum +0.1 -> ON, penalty 0.5 + 0.3 = 0.8; row 1: sum -0.1 -> OFF although 0.4 and 0.1 dropped
     # (the pre-6453f61 bug summed max(0, Delta): row 1 would fire and the R-gate would equal the token variant)
     logp, old = _from_delta(GATE_DELTA)
@@ -143,7 +143,7 @@ SPLIT_MASK = torch.tensor([[1.0, 1, 1, 0, 0, 1, 1, 1], [1.0] * 8])
 SPLIT_ADV = torch.tensor([1.0, -1.0])
 
 
-def test_p4_parte_actions_split_at_observation_tokens():
+def test_p26_actions_split_at_observation_tokens():
     logp, old = _from_delta(SPLIT_DELTA)
     split, _ = llds_loss(logp, old, SPLIT_ADV, SPLIT_MASK, gate="action")
     assert_close(split, torch.tensor(0.6 / 14))  # (0.4 + 0.1 + 0.1) / (6 + 8)
@@ -209,7 +209,7 @@ def test_active_per_response_matches_the_official_loop_on_random_tensors():
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_p5_parte_negative_advantage_never_penalised_zero_advantage_is(gate):
+def test_p27_negative_advantage_never_penalised_zero_advantage_is(gate):
     # identical rows, every Delta = 0.5 > 0 (so every gate fires); A = [-1, 0, +1]
     # row 0 (A < 0): no penalty, zero gradient ; rows 1 (A = 0, in Y_pre) and 2: 4 x 0.5 each -> 4.0 / 12 ("code")
     delta = torch.full((3, 4), 0.5)
@@ -330,7 +330,7 @@ def test_gradient_is_minus_lambda_grad_logp_on_gated_tokens():
 # Normalisation, LLDS-MA, micro-batching
 
 
-def test_p3_parte_code_and_paper_normalisation_hand_computed():
+def test_p25_code_and_paper_normalisation_hand_computed():
     # action gate, A = [1, 0, -1]
     # row 0: 4 tokens, Delta [0.4, -0.1, 0.2, 0.3], sum 0.8 > 0 -> penalty 0.4 + 0.2 + 0.3 = 0.9
     # row 1: 2 tokens (+2 padding), Delta [0.6, 0.2], sum 0.8 > 0 -> penalty 0.8
@@ -419,7 +419,7 @@ def test_gradient_at_zero_delta_is_zero_where_the_official_maximum_gives_half():
     assert_close(_grad((old - logp).clamp(min=0).sum() / 4, logp), torch.full((1, 4), -0.25))
 
 
-def test_p8_parte_ma_weight_scales_only_answer_span():
+def test_p28_ma_weight_scales_only_answer_span():
     # one response, one action, Delta [0.2, 0.2, 0.4, 0.4] (sum > 0). Answer span = last 2 tokens, beta = 0.5.
     # weighted = (0.2 + 0.2 + 0.5 * 0.4 + 0.5 * 0.4) / 4 = 0.8 / 4 = 0.2 ; unweighted = 1.2 / 4 = 0.3
     delta = torch.tensor([[0.2, 0.2, 0.4, 0.4]])
@@ -441,7 +441,7 @@ def test_p8_parte_ma_weight_scales_only_answer_span():
     "v, code, paper",
     [(0.0, 0.0, 0.0), (1.0, 0.0, 0.5), (1.5, 0.5, 0.75), (2.0, 1.0, 1.0), (3.0, 1.0, 1.0)],
 )
-def test_p8_parte_ma_beta_schedules(v, code, paper):
+def test_p28_ma_beta_schedules(v, code, paper):
     # code: clip(V - 1, 0, 1) (MASK_ADAPTIVE=true) ; paper: min(V / 2, 1) (v2 App. B.2.1). They differ at V = 1, 1.5.
     assert ma_beta(v, "code") == pytest.approx(code)
     assert ma_beta(v, "paper") == pytest.approx(paper)
@@ -457,7 +457,7 @@ def test_p8_parte_ma_beta_schedules(v, code, paper):
     [("code", 1.0, 0.1), ("code", 1.5, 0.2), ("code", 2.0, 0.3),
      ("paper", 1.0, 0.2), ("paper", 1.5, 0.25), ("paper", 2.0, 0.3)],
 )
-def test_p8_parte_llds_ma_with_code_and_paper_beta(schedule, v, want):
+def test_p28_llds_ma_with_code_and_paper_beta(schedule, v, want):
     answer_mask = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
     beta = ma_beta(v, schedule)
     weight = 1.0 + (beta - 1.0) * answer_mask  # as train.py builds it
