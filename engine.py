@@ -29,7 +29,7 @@ Departures of hf-kv from hf (the ids kept and the sampling are the same: departu
      the calls hold different rows than hf's re-chunked calls (the ids differ from hf's under sampling; same
      distribution).
   2. Memory: every call's cache is kept until the rollout ends (the next first-turn call drops them), so the KV cache
-     of all rows of a turn is held at once, not one call's. The memory plan (policy.memory_plan) sizes one call; with
+     of all rows of a turn is held at once, not one call's. The memory plan (memory.memory_plan) sizes one call; with
      more rows than one call this path needs up to rows / gen_batch_size times that call's KV cache (but no
      re-prefill peak). Holes (dropped tails) are not reclaimed: a row's cache is as wide as its call's widest row.
   3. Contexts are matched to cached rows in order (rollout keeps its rows' order and only drops finished ones); a

@@ -40,7 +40,7 @@ from checkpoint import STEP_RE, atomic_write, enclosing_checkpoint, folder_probl
 from data import load_questions, passage_title
 from engine import GENERATORS
 from paper import PAPER, paper_row, recipe_row
-from policy import load_policy
+from policy import busy_cpu_note, load_policy
 from retriever import BM25_VARIANTS, make_retriever
 from rollout import check_obs_budget, em_check, normalize_answer, rollout
 
@@ -363,6 +363,8 @@ def main(argv=None):
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
+        if device == "cpu" and (note := busy_cpu_note()):
+            print(note)
         try:  # the inputs are checked: the first write, before any question is scored
             out.parent.mkdir(parents=True, exist_ok=True)
             records_out = open(partial, "w", encoding="utf-8")

@@ -20,6 +20,7 @@ flag, the file and the fix.
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -196,6 +197,24 @@ def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, te
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
+
+
+def busy_cpu_note(load: float | None = None, cores: int | None = None, threads: int | None = None) -> str | None:
+    """One line when other processes already keep every core of this machine busy and torch runs more than one thread
+    (its default: one per core); None otherwise. Then each of torch's threads waits on the others' cores: on a shared
+    2-core machine we saw CPU runs 5-70x slower than with one thread. load: the 1-minute load average (os.getloadavg),
+    cores: os.cpu_count(), threads: torch.get_num_threads(); each read from the machine when not given."""
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except (AttributeError, OSError):  # no load average (Windows)
+        return None
+    cores = cores or os.cpu_count() or 1
+    threads = threads or torch.get_num_threads()
+    if threads <= 1 or load < cores:
+        return None
+    return (f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch runs {threads} threads, which "
+            f"then wait on each other; if steps are slow, set OMP_NUM_THREADS to the idle cores (e.g. 1) or use an "
+            f"idle machine")
 
 
 def autocast(amp: str, device: str, dtype: str = "auto", fsdp: bool = False):

@@ -38,8 +38,8 @@ from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDU
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
 from memory import free_memory, memory_plan
-from policy import (autocast, batch_logp, collate, enable_grad_ckpt, load_policy, load_reference, response_logp,
-                    save_reference)
+from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy, load_reference,
+                    response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import check_obs_budget, episode_stats, rollout, rollout_metrics
@@ -112,8 +112,8 @@ class Args:
 RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
     **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
                      "llds_ma_weight"), (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk",
-                     "steps", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
+    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
+                     "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
                      "keep_checkpoints", "alarm_k"), (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -142,8 +142,9 @@ def parse_args(argv=None) -> Args:
             groups[m[1]], docs[m[1]] = group, m[2]
     for f in dataclasses.fields(Args):
         kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}  # str, int or float
+        default = "unset" if f.default in (None, "") else f.default
         groups[f.name].add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
-                                    help=f"{docs[f.name]} (default: {'unset' if f.default in (None, '') else f.default})")
+                                    help=f"{docs[f.name]} (default: {default})")
     args = Args(**vars(ap.parse_args(argv)))
     args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high  # unset: symmetric
     for name, ok in CHOICES.items():
@@ -213,7 +214,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     """
     device = next(model.parameters()).device
     loss_mask = batch["loss_mask"]
-    B, per_mini, grad_norms, stepped = loss_mask.shape[0], [], [], []
+    B = loss_mask.shape[0]
+    per_mini, grad_norms, stepped = [], [], []
     for m0 in range(0, B, mini_batch_size):
         mini = slice(m0, min(m0 + mini_batch_size, B))
         pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)  # [b] Y_pre responses with a model token
@@ -223,7 +225,9 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
-            dev = lambda x: None if x is None else x[rows].to(device)  # noqa: E731
+
+            def dev(x, rows=rows):  # this micro-batch's rows of a [B, ...] tensor (or None), on the model's device
+                return None if x is None else x[rows].to(device)
             with amp:
                 logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size, with_entropy=True)
                 pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
@@ -260,9 +264,10 @@ def load_run(args: Args, rank: int, world: int, device: str):
         ckpt, state, clear = checkpoint.open_run(Path(args.out_dir), args.resume, args.overwrite, warn=print0)
         for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
             if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():  # the defaults
-                raise FileNotFoundError(f"{flag} {path}: not found; make it with `python scripts/prepare_data.py "
-                                        "--out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID "
-                                        "and --corpus FILE, or try `python scripts/spiral.py` (offline, a search world)")
+                raise FileNotFoundError(
+                    f"{flag} {path}: not found; make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` "
+                    "(HotpotQA, from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try "
+                    "`python scripts/spiral.py` (offline, a search world)")
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
@@ -280,19 +285,26 @@ def load_run(args: Args, rank: int, world: int, device: str):
             ref = load_reference(args.model, args.ref_dtype, device, offload_dir)
             return shard(ref) if args.fsdp else ref
         kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
-        ref_model = lambda: kept if kept is not None else reference(Path(args.out_dir) / ".ref")  # noqa: E731
+
+        def ref_model():  # the reference for one pass: the kept one, or read back from --ref-offload's folder
+            return kept if kept is not None else reference(Path(args.out_dir) / ".ref")
         bf16 = (args.fsdp and "cuda" in device) or isinstance(autocast(args.amp, device, args.dtype)(), torch.autocast)
-        gen_rows, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # every rank plans for the least free
-            model, -all_reduce([-free_memory(device)], "max")[0], args.gen_batch_size, bf16=bf16, ref=kept, world=world,
-            rows=-(-args.prompts_per_step // world) * args.group_size, update=(args.micro_batch_size, args.grad_ckpt),
+        least_free = -all_reduce([-free_memory(device)], "max")[0]  # every rank plans for the least free memory
+        rank_rows = -(-args.prompts_per_step // world) * args.group_size  # trajectories per rank and step
+        gen_rows, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(
+            model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world, rows=rank_rows,
+            update=(args.micro_batch_size, args.grad_ckpt),
             turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
+    updates = -(-args.prompts_per_step * args.group_size // args.mini_batch_size)  # optimizer steps per rollout step
     print0(f"{len(rows)} questions | {retriever} | {world} x {device} | {args.prompts_per_step}x{args.group_size} "
-           f"trajectories/step, {-(-args.prompts_per_step * args.group_size // args.mini_batch_size)} updates/step | "
-           f"out {args.out_dir}\n{plan}")  # the plan: the parameters, whether the run fits, rows per generate call
+           f"trajectories/step, {updates} updates/step | out {args.out_dir}")
+    print0(plan)  # the parameters, whether the run fits, rows per generate call
+    if device == "cpu" and (note := busy_cpu_note()):
+        print0(note)
     return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None, gen_rows
 
 
@@ -321,9 +333,10 @@ def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank:
                f"stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
     if rank == 0:
         checkpoint.atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-    print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | kl {m.get('grpo/kl', 0):.5f}"
-           f" | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
-           f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
+    print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | "
+           f"kl {m.get('grpo/kl', 0):.5f} | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | "
+           f"clip {m['grpo/clip_frac']:.3f} | gnorm {m['grpo/grad_norm']:.3f} | "
+           f"search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
     if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
         recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
                  "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}

@@ -362,3 +362,13 @@ def test_policy_py_runs_alone(tiny):
     assert r.returncode == 1
     assert r.stderr.strip() == (f"error: --model {tiny / 'nope'}: no such folder or file (pass a hub id, a model "
                                 "folder or a .gguf)")
+
+
+def test_a_busy_cpu_gets_one_line_about_threads():
+    from policy import busy_cpu_note
+
+    note = busy_cpu_note(load=5.2, cores=2, threads=2)
+    assert note.startswith("note: this machine is busy (load 5.2 on 2 cores) and torch runs 2 threads")
+    assert "OMP_NUM_THREADS" in note and "\n" not in note
+    assert busy_cpu_note(load=0.3, cores=2, threads=2) is None  # idle: torch's default is right
+    assert busy_cpu_note(load=5.2, cores=2, threads=1) is None  # one thread already (spiral.py's runs, the benchmarks)
