@@ -360,9 +360,11 @@ def lld_alarm(delta_correct: list, grad_norm: list, k: int = 3, eps: float = 0.0
     delta_correct: per step, diag/delta_correct (nats/response; None on steps without a correct response, skipped);
     grad_norm: per step, the pre-clip grad norm. The rule, from v2 Sec. 5.1 (three phases) and Def. A.3:
       - "" (healthy) unless the last k defined changes are all <= eps (LLD, v2 Def. 4.1, on every one of k steps);
-      - "acceleration" (phase III) if all k are < -eps (likelihood falls) and either they fall faster each step
-        (strictly decreasing: Def. A.3's self-amplification) or the last grad norm exceeds `spike` x the median of
-        the steps before the window (the paper's grad-norm spike, the "red star" of Fig. 2);
+      - "acceleration" (phase III) if all k are < -eps (likelihood falls) and either they fall faster and faster
+        (Def. A.3's self-amplification: k > 1, each change strictly below the one before, and the last at least
+        `spike` x the first, e.g. -0.1, -0.15, -0.2 with spike 2) or the last grad norm exceeds `spike` x the median
+        of the steps before the window (the upper median, None and NaN left out; the paper's grad-norm spike, the
+        "red star" of Fig. 2);
       - "steady decay" (phase II) if all k are < -eps with a stable grad norm;
       - "stagnation" (phase I) otherwise: the likelihood of correct responses no longer rises, but does not fall yet.
     Fewer than k defined values -> "". Raises ValueError if k < 1.
