@@ -110,3 +110,13 @@ def test_a_metric_without_a_reduction_is_an_error():
         train.add_metrics(acc, {"grpo/new_term": 1.0})
     with pytest.raises(KeyError, match="'llds/gate_rate' is a mean weighted by 'llds/units', which the same metrics"):
         train.add_metrics(acc, {"llds/gate_rate": 0.5})  # e.g. a course llds_loss that leaves its weight out
+
+
+def test_every_top_level_file_is_short_and_unpacked():
+    """One concept per file keeps each file short; a cap met by packing lines defeats its purpose, hence both limits."""
+    for m in MODULES:
+        lines = (ROOT / f"{m}.py").read_text(encoding="utf-8").splitlines()
+        assert len(lines) <= 450, f"{m}.py has {len(lines)} lines: split it by concept"
+        wide = [n for n, line in enumerate(lines, 1) if len(line) > 120]
+        assert not wide, f"{m}.py: lines over 120 columns: {wide}"
+
