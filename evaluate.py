@@ -13,7 +13,7 @@ questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them
 
     python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
         --corpus data/hotpotqa/corpus.jsonl --limit 20
-    python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki18.jsonl --compare-paper 3B-Base
+    python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki-18.jsonl --compare-paper 3B-Base
 
 Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
 (--out, default <model folder>/eval.json; RUN/eval_step_N.json for a RUN/checkpoints/step_N folder, which the run's next

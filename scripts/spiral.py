@@ -16,8 +16,9 @@ A run folder that holds a finished run of another --steps is refused, never over
     python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
     python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
     python scripts/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
-    python scripts/spiral.py --world-seeds 11 12 13 --world-flags="--redraw-errors --wrong-frac 0 --guess-frac 0.4 \
-        --sft-steps 3000" --lrs 1e-4 --steps 100 --out runs/grid4    # three worlds nobody tuned to (docs/spiral.md)
+    python scripts/spiral.py --world data/w --world-seeds 11 12 13 --lambdas 0 0.1 0.2 --lrs 3e-4 --steps 100 \\
+        --world-flags="--redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000" --out runs/grid4_slow
+                                                      # the fourth grid's slow regime: three new worlds (docs/spiral.md)
 """
 
 import argparse
