@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import fmean
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -92,10 +93,9 @@ def recall_table():
         hits = retriever.search([r["question"] for r in rows], 3)
         query_ms = 1000 * (time.perf_counter() - t0) / len(rows)
         scores = [recall(r["metadata"]["supporting_titles"], retrieved_titles([h])) for r, h in zip(rows, hits)]
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        by_source = [mean([x for x, r in zip(scores, rows) if r["data_source"] == s]) for s in sources]
-        print(f"{bm25:<7} | {analyzer:<8} | {mean(scores):>8.3f} | " + " | ".join(f"{x:>9.3f}" for x in by_source) +
-              f" | {mean([x == 1 for x in scores]):>9.3f} | {build_s:>7.1f} | {query_ms:>8.2f}", flush=True)
+        by_source = [fmean([x for x, r in zip(scores, rows) if r["data_source"] == s]) for s in sources]
+        print(f"{bm25:<7} | {analyzer:<8} | {fmean(scores):>8.3f} | " + " | ".join(f"{x:>9.3f}" for x in by_source) +
+              f" | {fmean([x == 1 for x in scores]):>9.3f} | {build_s:>7.1f} | {query_ms:>8.2f}", flush=True)
 
 
 def one(engine: str, size: int, num_queries: int, cache: str) -> dict:
