@@ -38,3 +38,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tests' tokenizer (tiny.py); a module may define its own `tok`, which then takes precedence."""
+    from tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """A tiny random Qwen2 for `tok`, seed 0 (tiny.py)."""
+    from tiny import build_model
+
+    return build_model(tok, seed=0)

@@ -35,16 +35,6 @@ def tiny():
     return build_model(tok, seed=0), tok
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return build_model(tok, seed=0)
-
-
 def no_search(queries, topk):
     raise AssertionError("the tiny model never writes a valid <search>")
 

@@ -41,7 +41,7 @@ from rollout import (  # noqa: E402
     observation_ids,
     rollout,
 )
-from tiny import build_model, build_tokenizer  # noqa: E402
+from tiny import build_tokenizer  # noqa: E402
 
 QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages, a sample (its README.md)
 
@@ -50,16 +50,6 @@ QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages, a sample
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return build_model(tok, seed=0)
 
 
 def enc(tok, text):
