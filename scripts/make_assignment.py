@@ -22,18 +22,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# exercise -> points, the paper's place, and the functions the student writes (file, name or Class.method)
+# exercise -> points, the paper's place, the functions the student writes (file, name or Class.method), and the other
+# exercises whose functions those call ("uses": the grader runs our reference of them)
 EXERCISES = {
     "advantages": {"points": 15, "paper": "Eq. 1: group-normalised advantage A_i",
                    "functions": [("grpo.py", "group_advantages")]},
     "clipped": {"points": 20, "paper": "Eq. 1: clipped surrogate, token-mean and seq-mean-token-mean aggregation",
-                "functions": [("grpo.py", "ppo_ratio"), ("grpo.py", "_token_mean"), ("grpo.py", "_seq_mean_token_mean"),
+                "uses": ["kl"], "functions": [("grpo.py", "ppo_ratio"), ("grpo.py", "_token_mean"), ("grpo.py", "_seq_mean_token_mean"),
                               ("grpo.py", "grpo_loss")]},
     "kl": {"points": 10, "paper": "App. B.2.1: KL to the reference, k3 estimator", "functions": [("grpo.py", "kl_k3")]},
     "gate": {"points": 15, "paper": "Eq. 4: actions and the action gate",
              "functions": [("llds.py", "action_segments"), ("llds.py", "_gate_action")]},
     "llds": {"points": 15, "paper": "Sec. 5.5, Eqs. 4 and 6: the LLDS loss, Y_pre and its normalisation",
-             "functions": [("llds.py", "llds_loss")]},
+             "uses": ["gate"], "functions": [("llds.py", "llds_loss")]},
     "cut_turn": {"points": 10, "paper": "Sec. 3: a turn cut at </search> by token index, loss_mask",
                  "functions": [("rollout.py", "cut_turn"), ("rollout.py", "Episode.append")]},
     "em": {"points": 10, "paper": "Sec. 3: the exact-match reward and its normalisation",

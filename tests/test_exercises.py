@@ -315,7 +315,8 @@ def test_gate_is_zero_outside_the_kept_tokens():
 def test_gate_snapshot():
     for i, c in enumerate(snapshot("gate")["cases"]):
         keep, delta = torch.tensor(c["keep"]), torch.tensor(c["delta"])
-        assert torch.equal(llds.action_segments(keep).long(), torch.tensor(c["seg"])), f"snapshot {i}: segments"
+        seg = llds.action_segments(keep)
+        assert torch.equal(seg.long(), torch.tensor(c["seg"])), f"snapshot {i}: segments"
         gate, n_on, n_units = llds._gate_action(delta, keep)
         assert close(gate, c["gate"]), f"snapshot {i}: the gate differs"
         assert (int(n_on), int(n_units)) == (c["n_on"], c["n_units"]), f"snapshot {i}: n_on / n_units differ"
@@ -468,8 +469,10 @@ def test_cut_turn_at_the_first_stop_string(tok):
     got = cut_turn(s + [eos, eos], tok, {eos})
     assert got == (s, False), f"a stop string before the EOS ends the turn (pad == eos: trailing EOS ids are " \
                               f"padding); got {got}"
-    assert cut_turn(enc(tok, "<think> x"), tok, {eos}) == (enc(tok, "<think> x"), False), "no stop: unchanged"
-    assert cut_turn([], tok, {eos}) == ([], False), "an empty turn stays empty"
+    got = cut_turn(enc(tok, "<think> x"), tok, {eos})
+    assert got == (enc(tok, "<think> x"), False), f"no stop: unchanged; got {got}"
+    got = cut_turn([], tok, {eos})
+    assert got == ([], False), f"an empty turn stays empty; got {got}"
 
 
 @ex("cut_turn")
@@ -522,10 +525,12 @@ def test_em_check_aliases_and_none():
     from rollout import em_check
 
     golds = ["New York City", "Big Apple", "NYC"]
-    assert em_check("the Big Apple", golds) == 1.0 and em_check("New York", golds) == 0.0, "any alias matches"
-    assert em_check("Paris", "Paris") == 1.0 and em_check("P", "Paris") == 0.0, \
-        "a str gold is one alias, never a list of characters"
-    assert em_check(None, ["Paris"]) == 0.0, "no <answer> (prediction None) scores 0"
+    got = [em_check("the Big Apple", golds), em_check("New York", golds)]
+    assert got == [1.0, 0.0], f"any alias matches: em('the Big Apple'), em('New York') want [1, 0], got {got}"
+    got = [em_check("Paris", "Paris"), em_check("P", "Paris")]
+    assert got == [1.0, 0.0], f"a str gold is one alias, never a list of characters; got {got}"
+    got = em_check(None, ["Paris"])
+    assert got == 0.0, f"no <answer> (prediction None) scores 0; got {got}"
 
 
 @ex("em")

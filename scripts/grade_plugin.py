@@ -1,0 +1,234 @@
+"""The pytest plugin of scripts/grade.py, copied into each graded tree as tests/_grading.py and loaded with
+`-p _grading`. It reads grading.json in the working folder and works in one of two modes:
+
+* record (the *runner*: the student's functions, run with `python -O`, so no assertion is evaluated and the runner
+  judges nothing): each exercise function is wrapped; every call a test makes to it (not the calls the functions make
+  to each other) is written down, with what it returned or raised and, for a returned tensor that has a gradient,
+  its Jacobian with respect to each input tensor that requires one. One JSON line per test goes to grading.json's
+  "record" file as soon as the test ends.
+* replay (the *judge*: our code only, never the student's): each exercise function is replaced by a stub that hands
+  the test, call by call, what the runner recorded (a tensor with a Jacobian as `value + J (x - x.detach())`, which
+  has the recorded value and the recorded gradient), and the test's own assertions decide. The outcome of every test
+  goes to grading.json's "results" file.
+
+So the verdicts, and the snapshots' expected values, live in a process in which no student code runs.
+"""
+
+import builtins
+import json
+from pathlib import Path
+
+import torch
+
+CONFIG = json.loads(Path("grading.json").read_text(encoding="utf-8"))
+MAX_STR = 120  # characters of a string the runner records: a grader's message quotes at most this much of it
+MAX_MSG = 80  # characters of an exception's message
+MAX_JACOBIAN = 4096  # elements of an output tensor whose Jacobian is recorded
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# values <-> JSON
+
+
+def encode(x, depth=0):
+    """A returned value as JSON: tensors, tuples and dicts tagged; anything else is refused."""
+    if depth > 8:
+        raise TypeError("a value nested deeper than 8 levels")
+    if isinstance(x, torch.Tensor):
+        t = torch.Tensor.cpu(torch.Tensor.detach(x))
+        return {"__tensor__": torch.Tensor.tolist(t), "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape)}
+    if x is None or isinstance(x, bool):
+        return x if x is None else bool(x)
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return float(x)
+    if isinstance(x, str):
+        return str.__str__(x)[:MAX_STR]
+    if isinstance(x, tuple):
+        return {"__tuple__": [encode(v, depth + 1) for v in x]}
+    if isinstance(x, list):
+        return [encode(v, depth + 1) for v in x]
+    if isinstance(x, (set, frozenset)):
+        return {"__set__": sorted((encode(v, depth + 1) for v in x), key=repr)}
+    if isinstance(x, dict):
+        return {"__dict__": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]}
+    raise TypeError(f"cannot record a {type(x).__name__}")
+
+
+def decode(x):
+    if isinstance(x, list):
+        return [decode(v) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "__tensor__" in x:
+        return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"])).reshape(x["shape"])
+    if "__tuple__" in x:
+        return tuple(decode(v) for v in x["__tuple__"])
+    if "__set__" in x:
+        return {decode(v) for v in x["__set__"]}
+    return {_hashable(decode(k)): decode(v) for k, v in x["__dict__"]}
+
+
+def _hashable(k):
+    return tuple(k) if isinstance(k, list) else k
+
+
+def _grad_inputs(args, kwargs) -> list[tuple]:
+    """(key, tensor) of the inputs that require a gradient; key is an argument's position or name."""
+    items, seen, out = list(enumerate(args)) + sorted(kwargs.items()), set(), []
+    for k, v in items:
+        if isinstance(v, torch.Tensor) and v.requires_grad and id(v) not in seen:  # a tensor passed twice counts once
+            seen.add(id(v))
+            out.append((k, v))
+    return out
+
+
+def jacobians(out, inputs) -> list:
+    """For each tensor in `out` (itself, or a tuple's element) that has a gradient: [path, {input key: J}]."""
+    found = [((), out)] if isinstance(out, torch.Tensor) else \
+        [((i,), v) for i, v in enumerate(out)] if isinstance(out, tuple) else []
+    result = []
+    for path, t in found:
+        if not (isinstance(t, torch.Tensor) and t.requires_grad and inputs and t.numel() <= MAX_JACOBIAN):
+            continue
+        flat, rows = t.reshape(-1), {str(k): [] for k, _ in inputs}
+        for i in range(flat.numel()):
+            grads = torch.autograd.grad(flat[i], [x for _, x in inputs], retain_graph=True, allow_unused=True)
+            for (k, x), g in zip(inputs, grads):
+                rows[str(k)].append((torch.zeros_like(x) if g is None else g).reshape(-1).tolist())
+        result.append([list(path), rows])
+    return result
+
+
+def with_jacobians(out, jac, args, kwargs):
+    """`out` with each recorded tensor made `value + J (x - x.detach())`: the value, and the recorded gradient."""
+    inputs = dict((str(k), x) for k, x in _grad_inputs(args, kwargs))
+    for path, rows in jac:
+        t = out if not path else out[path[0]]
+        for key, J in rows.items():
+            x = inputs.get(key)
+            if x is not None:
+                dx = (x - x.detach()).reshape(-1).to(t.dtype)
+                t = t + (torch.tensor(J, dtype=t.dtype).reshape(t.numel(), -1) @ dx).reshape(t.shape)
+        out = t if not path else out[:path[0]] + (t,) + out[path[0] + 1:]
+    return out
+
+
+def _state(obj) -> dict:
+    return {k: v for k, v in vars(obj).items() if not k.startswith("__")}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# record (runner) and replay (judge)
+
+_calls: list = []  # this test's calls
+_depth = [0]
+_test = {"id": None}
+_exercise_of: dict = {}  # test id -> its exercise (the judge's results say which)
+
+
+def _recorder(name, fn, method):
+    def wrapper(*args, **kwargs):
+        if _depth[0]:  # a call from another exercise function: not the test's
+            return fn(*args, **kwargs)
+        _depth[0] += 1
+        call = {"name": name}
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException as err:
+            kind = type(err).__name__
+            call["raise"] = kind if getattr(builtins, kind, None) is type(err) else "Exception"
+            try:
+                call["msg"] = str(err)[:MAX_MSG]
+            except BaseException:
+                call["msg"] = ""
+            raise
+        else:
+            try:
+                call["value"], call["jac"] = encode(out), jacobians(out, _grad_inputs(args, kwargs))
+            except Exception as err:
+                call = {"name": name, "raise": "TypeError", "msg": f"grader: {str(err)[:MAX_MSG]}"}
+            return out
+        finally:
+            _depth[0] -= 1
+            if method:
+                try:
+                    call["state"] = encode(_state(args[0]))
+                except Exception:
+                    pass
+            _calls.append(call)
+
+    return wrapper
+
+
+def _replayer(name, method):
+    def stub(*args, **kwargs):
+        calls = RECORDED.get(_test["id"])
+        if calls is None:
+            raise RuntimeError("not graded: the runner stopped before this test (a crash, os._exit or the time limit)")
+        if not calls or calls[0].get("name") != name:
+            raise RuntimeError(f"not graded: the runner recorded no call of {name} here")
+        call = calls.pop(0)
+        if method and isinstance(call.get("state"), dict):
+            for k, v in decode(call["state"]).items():
+                setattr(args[0], str(k), v)
+        if "raise" in call:
+            kind = getattr(builtins, str(call["raise"]), Exception)
+            kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else Exception
+            raise kind(str(call.get("msg", ""))[:MAX_MSG])
+        return with_jacobians(decode(call.get("value")), call.get("jac") or [], args, kwargs)
+
+    return stub
+
+
+RECORDED: dict = {}
+
+
+def _targets():
+    """(owner object, attribute, qualified name, is a method) of each function named in grading.json."""
+    import importlib
+
+    for module, name in CONFIG["functions"]:
+        owner = importlib.import_module(module)
+        *cls, attr = name.split(".")
+        for c in cls:
+            owner = getattr(owner, c)
+        yield owner, attr, f"{module}.{name}", bool(cls)
+
+
+def pytest_configure(config):
+    if CONFIG["mode"] == "replay":
+        by_exercise = json.loads(Path(CONFIG["recorded"]).read_text(encoding="utf-8"))
+        RECORDED.update({(ex, test): calls for ex, tests in by_exercise.items() for test, calls in tests.items()})
+    for owner, attr, qualified, method in list(_targets()):
+        fn = getattr(owner, attr)
+        setattr(owner, attr, _recorder(qualified, fn, method) if CONFIG["mode"] == "record" else
+                _replayer(qualified, method))
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("exercise")
+    ex = marker.args[0] if marker and marker.args else ""
+    _calls.clear()
+    _exercise_of[item.nodeid] = ex
+    _test["id"] = item.nodeid if CONFIG["mode"] == "record" else (ex, item.nodeid)
+
+
+def pytest_runtest_teardown(item):
+    if CONFIG["mode"] == "record":
+        with open(CONFIG["record"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": item.nodeid, "calls": list(_calls)}) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    if CONFIG["mode"] != "replay" or (report.when != "call" and report.passed):
+        return
+    message = ""
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
+    with open(CONFIG["results"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"test": report.nodeid, "exercise": _exercise_of.get(report.nodeid, ""),
+                            "when": report.when, "outcome": report.outcome, "message": message}) + "\n")
