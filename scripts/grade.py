@@ -27,6 +27,7 @@ import argparse
 import ast
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -149,9 +150,10 @@ def _pytest(tree: Path, exercises: list[str], config: dict, timeout: float, opti
     """pytest on tests/test_exercises.py in `tree`, a clean environment, its own session (killed whole at the time
     limit). Returns (exit code or None on timeout, its output's tail: shown to nobody but our own tests)."""
     (tree / "grading.json").write_text(json.dumps(config))
+    marker = secrets.token_hex(8)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tree), "TMPDIR": str(tree), "PYTHONPATH": str(tree / "tests"),
            "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GRADE_RUN": marker}
     optimize = ["-O"] if optimize else []  # with pytest's own assert rewriting off, -O removes every assert
     cmd = [sys.executable, *optimize, "-m", "pytest", "-q", "-p", "_grading", "-p", "no:cacheprovider",
            *(["--assert=plain"] if optimize else []), "tests/test_exercises.py"]
@@ -160,11 +162,29 @@ def _pytest(tree: Path, exercises: list[str], config: dict, timeout: float, opti
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out.decode(errors="replace")[-3000:]
+        code, tail = proc.returncode, out.decode(errors="replace")[-3000:]
     except subprocess.TimeoutExpired:
+        code, tail = None, ""
+    _kill_leftovers(proc, marker)
+    return code, tail
+
+
+def _kill_leftovers(proc: subprocess.Popen, marker: str):
+    """Kill what the process left running: its session, and any process that still carries its GRADE_RUN marker (a
+    child that left the session). A process that also cleared its environment escapes this: grade code you do not
+    trust as another user, or in a container."""
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None, ""
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    needle = f"GRADE_RUN={marker}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def run_student(student: Path, exercise: str, tmp: Path, timeout: float) -> dict:

@@ -22,7 +22,7 @@ import torch
 
 CONFIG = json.loads(Path("grading.json").read_text(encoding="utf-8"))
 MAX_STR = 120  # characters of a string the runner records: a grader's message quotes at most this much of it
-MAX_MSG = 80  # characters of an exception's message
+MAX_MSG = 60  # characters of an exception's message
 MAX_JACOBIAN = 4096  # elements of an output tensor whose Jacobian is recorded
 
 

@@ -43,6 +43,10 @@ EXERCISES = {
               "functions": [("llds.py", "lld_alarm")]},
 }
 SKIP = {".git", "data", "runs", "__pycache__", ".venv", ".pytest_cache"}
+# never in a student copy: the planted wrong answers (our functions with one edit each), the snapshots (our outputs)
+# and their generator, the kit's own tests and the grader
+INSTRUCTOR_ONLY = ["tests/course", "tests/snapshots", "tests/make_snapshots.py", "tests/test_course.py",
+                   "tests/test_grader.py", "scripts/grade.py", "scripts/grade_plugin.py", "scripts/make_assignment.py"]
 
 
 def find(tree: ast.Module, name: str) -> ast.FunctionDef | None:
@@ -112,6 +116,40 @@ def function_source(source: str, name: str) -> str:
     return textwrap.dedent("".join(source.splitlines(keepends=True)[first:node.end_lineno]))
 
 
+def solution_lines(root: Path, exercises: list[str]) -> set[str]:
+    """The non-trivial lines (stripped, 16 characters or more) of the bodies our reference gives the functions of
+    `exercises`, docstrings left out: none of them may appear in a student copy. A line that our top-level modules
+    also hold outside those bodies (e.g. `mask = loss_mask.float()` in another loss) is an idiom the copy gives away
+    anyway, not the solution, and is left out."""
+    lines, given = set(), set()
+    for ex in exercises:
+        for file, name in EXERCISES[ex]["functions"]:
+            source = (root / file).read_text(encoding="utf-8")
+            node = find(ast.parse(source), name)
+            body = node.body[1:] if _has_docstring(node) else node.body
+            text = source.splitlines()[body[0].lineno - 1:node.end_lineno] if body else []
+            lines |= {line.strip() for line in text if len(line.strip()) >= 16}
+    for path in root.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        names = [n for spec in EXERCISES.values() for f, n in spec["functions"] if f == path.name]
+        given |= {line.strip() for line in blank(text, names, "-").splitlines()}
+    return lines - given
+
+
+def leaks(copy: Path, lines: set[str]) -> list[str]:
+    """'path:line: text' for each line of a text file in `copy` that is one of `lines` (stripped)."""
+    found = []
+    for path in sorted(p for p in copy.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip() in lines:
+                found.append(f"{path.relative_to(copy)}:{i}: {line.strip()}")
+    return found
+
+
 def tracked_files(root: Path) -> list[str]:
     """Paths (relative, '/'-separated) of the files to copy: `git ls-files` if root is a git checkout, else a walk."""
     try:
@@ -140,12 +178,12 @@ def main(argv=None) -> int:
     if out == ROOT or ROOT in out.parents:
         print(f"error: --out {args.out}: inside this repository; choose a folder outside it", file=sys.stderr)
         return 2
-    held = [h.strip("/") for h in args.hold_back]
+    held = [h.strip("/") for h in args.hold_back] + INSTRUCTOR_ONLY
     files = [f for f in tracked_files(ROOT) if not any(f == h or f.startswith(h + "/") for h in held)]
     for f in files:
         (out / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, out / f)
-    print(f"copied {len(files)} files to {out}" + (f" (held back: {' '.join(held)})" if held else ""))
+    print(f"copied {len(files)} files to {out} (held back: {' '.join(held)})")
     by_file: dict[str, list[tuple[str, str]]] = {}
     for ex in args.exercises:
         for file, name in EXERCISES[ex]["functions"]:
@@ -156,6 +194,11 @@ def main(argv=None) -> int:
             text = blank(text, [name], ex)
         (out / file).write_text(text, encoding="utf-8")
         print(f"  {file}: blanked {', '.join(name for _, name in todo)}")
+    leaked = leaks(out, solution_lines(ROOT, args.exercises))
+    if leaked:  # a self-check: a blanked body quoted elsewhere (a doc, a test) would hand the student the solution
+        print(f"error: {len(leaked)} lines of the blanked bodies appear in the copy:\n  " + "\n  ".join(leaked[:20]),
+              file=sys.stderr)
+        return 1
     total = sum(EXERCISES[e]["points"] for e in args.exercises)
     print(f"{len(args.exercises)} exercises, {total} points; handout: docs/course.md; "
           f"grade from this repository with: python scripts/grade.py {args.out}")
