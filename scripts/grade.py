@@ -146,18 +146,74 @@ def _functions(exercises) -> list:
     return [[file.removesuffix(".py"), name] for ex in exercises for file, name in EXERCISES[ex]["functions"]]
 
 
+# The runner's sandbox (Linux, util-linux's unshare and setpriv, no root needed): new user, mount, PID and network
+# namespaces; a root of its own holding the system and Python read-only and the tree at /tree, nothing else (not this
+# repository, not the other trees, not the grader's processes); every capability dropped before Python starts, so it
+# cannot remount anything writable; and every process it starts dies with it.
+SANDBOX = r"""set -e
+NEW=$1; TREE=$2; shift 2
+mount -t tmpfs -o mode=755 tmpfs "$NEW"
+for p in /usr /etc "$BASE" "$PREFIX" /bin /lib /lib64 /sbin; do
+    if [ -L "$p" ]; then [ -e "$NEW$p" ] || ln -s "$(readlink "$p")" "$NEW$p"
+    elif [ -d "$p" ]; then mkdir -p "$NEW$p"; mount --rbind "$p" "$NEW$p"; mount -o remount,bind,ro "$NEW$p"; fi
+done
+mkdir -p "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/tmp" "$NEW/.old"
+for d in null zero random urandom; do touch "$NEW/dev/$d"; mount --bind "/dev/$d" "$NEW/dev/$d"; done
+mount --bind "$TREE" "$NEW/tree"
+mount -t proc proc "$NEW/proc"
+cd "$NEW"
+pivot_root . .old
+umount -l /.old
+rmdir /.old
+cd /tree
+exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs "$@"
+"""
+UNSHARE = ["unshare", "--map-user=1000", "--map-group=1000", "--keep-caps", "--mount", "--pid", "--fork",
+           "--kill-child", "--net", "--propagation", "private"]
+
+
+def sandbox_works() -> bool:
+    """Whether this machine can run the sandbox (checked once)."""
+    if "ok" not in _SANDBOX_OK:
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "tree").mkdir()
+                (Path(tmp) / "root").mkdir()
+                out = subprocess.run(UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", f"{tmp}/root", f"{tmp}/tree",
+                                                sys.executable, "-c", "print('ok')"],
+                                     capture_output=True, text=True, timeout=60, env=_base_env())
+                _SANDBOX_OK["ok"] = out.returncode == 0 and out.stdout.strip() == "ok"
+        except (OSError, subprocess.SubprocessError):
+            _SANDBOX_OK["ok"] = False
+    return _SANDBOX_OK["ok"]
+
+
+_SANDBOX_OK: dict = {}
+
+
+def _base_env() -> dict:
+    return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "BASE": sys.base_prefix, "PREFIX": sys.prefix}
+
+
 def _pytest(tree: Path, exercises: list[str], config: dict, timeout: float, optimize: bool) -> tuple[int | None, str]:
     """pytest on tests/test_exercises.py in `tree`, a clean environment, its own session (killed whole at the time
-    limit). Returns (exit code or None on timeout, its output's tail: shown to nobody but our own tests)."""
+    limit); the runner (optimize) in the sandbox where there is one. Returns (exit code or None on timeout, its
+    output's tail: shown to nobody but our own tests)."""
     (tree / "grading.json").write_text(json.dumps(config))
     marker = secrets.token_hex(8)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tree), "TMPDIR": str(tree), "PYTHONPATH": str(tree / "tests"),
+    sandboxed = optimize and sandbox_works()
+    where = Path("/tree") if sandboxed else tree
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(where), "TMPDIR": str(where), "PYTHONPATH": str(where / "tests"),
            "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GRADE_RUN": marker}
     optimize = ["-O"] if optimize else []  # with pytest's own assert rewriting off, -O removes every assert
     cmd = [sys.executable, *optimize, "-m", "pytest", "-q", "-p", "_grading", "-p", "no:cacheprovider",
            *(["--assert=plain"] if optimize else []), "tests/test_exercises.py"]
     cmd += [a for ex in exercises for a in ("--exercise", ex)]
+    if sandboxed:
+        (tree.parent / f"{tree.name}_root").mkdir()
+        cmd = UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd
+        env.update(_base_env(), PATH="/usr/bin:/bin:/usr/sbin:/sbin")
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -305,6 +361,9 @@ def main(argv=None) -> int:
         return 2
     t0 = time.time()
     print(f"grading {' '.join(args.exercises)} ...", flush=True)
+    if not sandbox_works():
+        print("warning: no sandbox here (it needs Linux user namespaces, unshare and setpriv): the student's code runs "
+              "as you and can read what you can; grade code you do not trust elsewhere", file=sys.stderr)
     rows = grade(args.dir.resolve(), args.exercises, args.timeout, args.jobs)
     print(table(rows))
     print(f"graded {args.dir} in {time.time() - t0:.0f} s")

@@ -1,7 +1,8 @@
 """The course kit (docs/course.md): scripts/make_assignment.py writes a student copy that imports and collects, with
-every exercise at 0 points; grading is independent across exercises; each typical wrong answer in tests/course/wrong/
-loses points with a message that names its mistake; the snapshots match our code today. About 40 s on 2 cores:
-every grading is one pytest process per exercise."""
+every exercise at 0 points, and that holds no solution; grading is independent across exercises; each typical wrong
+answer in tests/course/wrong/ loses points with a message that names its mistake; the snapshots match our code today.
+Attacks on the grader are in tests/test_grader.py. Several minutes on 2 busy cores: every grading is a runner process
+per exercise and a judge process."""
 
 import ast
 import json
@@ -19,7 +20,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import grade  # noqa: E402
 import make_snapshots  # noqa: E402
-from make_assignment import EXERCISES, blank, function_source, is_blank, splice  # noqa: E402
+from make_assignment import EXERCISES, INSTRUCTOR_ONLY, blank, function_source, is_blank, splice  # noqa: E402
+from make_assignment import leaks, solution_lines  # noqa: E402
 from make_assignment import main as make_assignment  # noqa: E402
 
 WRONG = sorted((ROOT / "tests" / "course" / "wrong").glob("*.py"))
@@ -83,13 +85,16 @@ def test_blank_keeps_signature_and_docstring_and_splice_restores():
 @pytest.fixture(scope="module")
 def student(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("course") / "student"
-    assert make_assignment(["--out", str(out), "--hold-back", "tests/test_exercises.py"]) == 0
+    assert make_assignment(["--out", str(out), "--hold-back", "tests/test_train.py"]) == 0
     return out
 
 
 def test_student_copy_imports_and_collects(student):
-    assert not (student / "tests" / "test_exercises.py").exists()  # held back
+    assert not (student / "tests" / "test_train.py").exists()  # held back
     assert not (student / "data").exists() and (student / "docs" / "course.md").exists()
+    assert (student / "tests" / "test_exercises.py").exists()  # the graded tests, less their snapshots
+    for path in INSTRUCTOR_ONLY:
+        assert not (student / path).exists(), f"{path} is the instructor's: the planted mistakes, snapshots, grader"
     for spec in EXERCISES.values():
         for file, name in spec["functions"]:
             assert is_blank((student / file).read_text(), name), f"{file} {name} was not blanked"
@@ -101,6 +106,30 @@ def test_student_copy_imports_and_collects(student):
     assert out.returncode == 0 and " collected" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr
 
 
+def test_no_line_of_a_blanked_body_appears_in_a_student_copy(student):
+    lines = solution_lines(ROOT, list(EXERCISES))
+    assert len(lines) > 80  # the check has something to look for: the bodies' own lines, less shared idioms
+    assert not leaks(student, lines)
+    # and it would see one: a planted wrong answer (our function with one edit) or a quoted body
+    planted = student / "tests" / "planted.py"
+    planted.write_text((ROOT / "tests" / "course" / "wrong" / "llds_per_microbatch.py").read_text() + "\n" +
+                       function_source((ROOT / "grpo.py").read_text(), "kl_k3"))
+    try:
+        found = leaks(student, lines)
+        assert found and all(f.startswith("tests/planted.py:") for f in found), found
+    finally:
+        planted.unlink()
+
+
+def test_make_assignment_refuses_a_copy_that_quotes_a_body(tmp_path, monkeypatch, capsys):
+    import make_assignment as kit
+
+    monkeypatch.setattr(kit, "INSTRUCTOR_ONLY", [p for p in kit.INSTRUCTOR_ONLY if p != "tests/course"])
+    assert kit.main(["--out", str(tmp_path / "copy"), "--exercises", "advantages"]) == 1
+    err = capsys.readouterr().err
+    assert "lines of the blanked bodies appear in the copy" in err and "tests/course/wrong/advantages_" in err
+
+
 def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student, tmp_path):
     # the fresh copy with only `llds` solved: llds_loss calls the action gate, which is blank here; the grader runs
     # it with our gate, so llds has full points and every other exercise 0
@@ -110,7 +139,7 @@ def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student
     text = (tree / "llds.py").read_text()
     (tree / "llds.py").write_text(splice(text, "llds_loss", function_source((ROOT / "llds.py").read_text(),
                                                                             "llds_loss")))
-    rows = {r["exercise"]: r for r in (grade.run_exercise(tree, ex) for ex in EXERCISES)}
+    rows = {r["exercise"]: r for r in grade.grade(tree, list(EXERCISES))}
     print(grade.table(list(rows.values())))
     assert rows["llds"]["points"] == rows["llds"]["max"], rows["llds"]
     for ex, row in rows.items():

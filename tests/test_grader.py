@@ -1,0 +1,195 @@
+"""Attacks on scripts/grade.py (issue 26), each tried on a student copy and scored: module-level code that rewrites
+pytest's report; a function that looks for the grader's modules, the solution's files (through /proc or by path) or
+the snapshots' expected values; one that raises with text read from the reference; one that ends the runner, patches
+builtins, or leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
+the student is the grader's own text. About two minutes on 2 busy cores (three gradings of eight exercises)."""
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import grade  # noqa: E402
+from make_assignment import EXERCISES, blank, function_source, solution_lines, splice  # noqa: E402
+
+needs_sandbox = pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox here (Linux user namespaces)")
+
+# issue 26 item 1: appended to grpo.py, llds.py and rollout.py of a blank copy, it made every report "passed"
+REPORT_PAYLOAD = '''
+import _pytest.reports as _reports
+import _pytest.junitxml as _junit
+
+_init = _reports.TestReport.__init__
+
+
+def _passed(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.outcome, self.longrepr = "passed", None
+
+
+_reports.TestReport.__init__ = _passed
+_junit._NodeReporter.append_failure = lambda self, report: None
+open("record.jsonl", "w").write("forged")
+'''
+
+
+def blank_copy(dest: Path) -> Path:
+    """Our top-level modules with every exercise function blank: a fresh student copy's files."""
+    dest.mkdir(parents=True)
+    for src in ROOT.glob("*.py"):
+        shutil.copy2(src, dest / src.name)
+    for file in {f for spec in EXERCISES.values() for f, _ in spec["functions"]}:
+        text = (dest / file).read_text()
+        for ex, spec in EXERCISES.items():
+            text = blank(text, [n for f, n in spec["functions"] if f == file], ex) if any(
+                f == file for f, _ in spec["functions"]) else text
+        (dest / file).write_text(text)
+    return dest
+
+
+def write(tree: Path, file: str, name: str, body: str, signature: str = ""):
+    """Give `name` in tree/file this body (under our signature, or `signature` if given)."""
+    ours = function_source((ROOT / file).read_text(), name)
+    head = signature or ours[:ours.index(":\n", ours.index(")")) + 2]
+    src = head + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
+    (tree / file).write_text(splice((tree / file).read_text(), name, src))
+
+
+def test_module_level_code_never_runs(tmp_path):
+    tree = blank_copy(tmp_path / "student")
+    for file in ("grpo.py", "llds.py", "rollout.py"):
+        (tree / file).write_text((tree / file).read_text() + REPORT_PAYLOAD)
+    # a def's defaults and decorators run when it is defined: ours replace them
+    src = (tree / "grpo.py").read_text().replace(
+        "def kl_k3(logp, ref_logp):", "@__import__('os')._exit\ndef kl_k3(logp, ref_logp=__import__('os')._exit(0)):")
+    (tree / "grpo.py").write_text(src)
+    rows = grade.grade(tree, list(EXERCISES))
+    print(grade.table(rows))
+    assert sum(r["points"] for r in rows) == 0, grade.table(rows)
+    assert all("NotImplementedError" in r["first_failure"] for r in rows), grade.table(rows)
+
+
+def test_a_helper_whose_default_runs_code_is_refused(tmp_path):
+    tree = blank_copy(tmp_path / "student")
+    (tree / "llds.py").write_text((tree / "llds.py").read_text() + "\n\ndef helper(x=open('/etc/hostname').read()):\n"
+                                                                   "    return x\n")
+    row = grade.run_exercise(tree, "alarm")
+    assert row["points"] == 0 and row["first_failure"] == "llds.py helper helper: a default value that is not a literal"
+
+
+ATTACKS = {
+    # issue 26 item 2: the grader's own modules, through sys.modules or an import
+    ("grpo.py", "kl_k3"): """
+        import importlib, sys
+        for name in ("make_assignment", "grade", "grade_plugin"):
+            module = sys.modules.get(name)
+            if module is None:
+                try:
+                    module = importlib.import_module(name)
+                except ImportError:
+                    continue
+            if getattr(module, "ROOT", None) is not None:
+                ns = {}
+                exec(open(f"{module.ROOT}/grpo.py").read(), ns)
+                return ns["kl_k3"](logp, ref_logp)
+        raise NotImplementedError("no grader in reach")
+    """,
+    # issue 26 item 3: the expected values of the snapshots, read at run time next to the tests
+    ("grpo.py", "group_advantages"): """
+        import json, os
+        for folder in ("tests/snapshots", os.path.join(os.path.dirname(__file__), "tests", "snapshots")):
+            try:
+                cases = json.load(open(os.path.join(folder, "advantages.json")))["cases"]
+            except OSError:
+                continue
+            for c in cases:
+                if c["rewards"] == rewards.tolist() and c["group_ids"] == list(group_ids):
+                    return torch.tensor(c["adv"])
+        raise NotImplementedError("no table entry")
+    """,
+    # the solution's files: any process's working folder (/proc/*/cwd, e.g. the grader's), or a guessed path
+    ("llds.py", "action_segments"): """
+        import glob, os
+        places = [os.readlink(f"/proc/{p}/cwd") for p in os.listdir("/proc") if p.isdigit()
+                  and os.path.exists(f"/proc/{p}/cwd")] + [os.path.dirname(p) for p in glob.glob("/*/*/llds.py")]
+        for place in places:
+            path = os.path.join(place, "llds.py")
+            text = open(path).read() if os.path.isfile(path) else ""
+            if "def action_segments" in text and "/proc" not in text and "exercise gate" not in text:
+                ns = {}
+                exec(text, ns)
+                return ns["action_segments"](keep)
+        raise NotImplementedError("no solution in reach")
+    """,
+    # issue 26 item 4: raise with the reference's text (the action gate, which llds_loss's runner holds)
+    ("llds.py", "llds_loss"): """
+        import inspect
+        text = inspect.getsource(GATES["action"]) + inspect.getsource(GATES["response"])
+        raise ValueError(text.replace("\\n", " | ")[100:])
+    """,
+    # end the runner at the first call
+    ("rollout.py", "cut_turn"): """
+        import os
+        os._exit(0)
+    """,
+    # make every check pass in the runner: torch's comparisons, isinstance, AssertionError
+    ("rollout.py", "normalize_answer"): """
+        import builtins, torch
+        torch.allclose = torch.equal = lambda *a, **k: True
+        builtins.AssertionError = type("Never", (Exception,), {})
+        builtins.isinstance = lambda *a: True
+        return "whatever"
+    """,
+    # a process left behind, to forge the judge's results once the runner is gone
+    ("llds.py", "lld_alarm"): """
+        import json, os, time
+        if os.fork() == 0:
+            os.setsid()
+            judge = os.path.join(os.getcwd(), "..", "judge")
+            for _ in range(600):
+                if os.path.isdir(judge):
+                    for i in range(100):
+                        with open(os.path.join(judge, "results.jsonl"), "a") as f:
+                            f.write(json.dumps({"test": f"forged{i}", "exercise": "alarm", "when": "call",
+                                                "outcome": "passed", "message": ""}) + "\\n")
+                    break
+                time.sleep(0.05)
+            os._exit(0)
+        return "forged"
+    """,
+}
+
+
+@needs_sandbox
+def test_attacks_from_inside_a_function_score_0(tmp_path):
+    tree = blank_copy(tmp_path / "student")
+    for (file, name), body in ATTACKS.items():
+        write(tree, file, name, body)
+    rows = {r["exercise"]: r for r in grade.grade(tree, list(EXERCISES))}
+    shown = grade.table(list(rows.values()))
+    print(shown)
+    assert all(r["points"] == 0 for r in rows.values()), shown
+    assert "no solution in reach" in shown and "no grader in reach" in shown and "no table entry" in shown
+    assert "the tests did not run" in rows["cut_turn"]["first_failure"]
+    # what the student is shown of the text it raised: one escaped line, 60 characters of it at most (of the reference
+    # the runner holds: the exercises used by others, here the action gate)
+    llds = rows["llds"]["first_failure"]
+    assert llds.startswith("test_llds_hand_computed_action_gate: ValueError: ")
+    assert len(llds.split("ValueError: ")[1]) <= 60
+    assert all(len(r["first_failure"]) <= 400 for r in rows.values())
+    not_held = [ex for ex in EXERCISES if not any(ex in spec.get("uses", []) for spec in EXERCISES.values())]
+    assert not [line for line in solution_lines(ROOT, not_held) if line in shown]
+
+
+def test_the_reference_scores_100(tmp_path):
+    tree = tmp_path / "solved"
+    tree.mkdir()
+    for src in ROOT.glob("*.py"):
+        shutil.copy2(src, tree / src.name)
+    rows = grade.grade(tree, list(EXERCISES))
+    assert all(r["points"] == r["max"] for r in rows), grade.table(rows)
