@@ -7,8 +7,8 @@
   its Jacobian with respect to each input tensor that requires one. One JSON line per test goes to grading.json's
   "record" file as soon as the test ends.
 * replay (the *judge*: our code only, never the student's): each exercise function is replaced by a stub that hands
-  the test, call by call, what the runner recorded (a tensor with a Jacobian as `value + J (x - x.detach())`, which
-  has the recorded value and the recorded gradient), and the test's own assertions decide. The outcome of every test
+  the test, call by call, what the runner recorded (a tensor with Jacobians has the recorded value and, through
+  autograd, the recorded gradient J^T g), and the test's own assertions decide. The outcome of every test
   goes to grading.json's "results" file.
 
 So the verdicts, and the snapshots' expected values, live in a process in which no student code runs.
@@ -102,16 +102,31 @@ def jacobians(out, inputs) -> list:
     return result
 
 
+class _Played(torch.autograd.Function):
+    """A recorded value whose gradient with respect to xs is the recorded Jacobians' J^T grad (J may hold NaN or inf:
+    they reach the gradient only, as they did in the runner)."""
+
+    @staticmethod
+    def forward(ctx, value, jacobians, *xs):
+        ctx.jacobians, ctx.shapes = jacobians, [(x.shape, x.dtype) for x in xs]
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.reshape(-1).double()
+        return (None, None, *[(J.double().T @ g).reshape(shape).to(dtype)
+                              for J, (shape, dtype) in zip(ctx.jacobians, ctx.shapes)])
+
+
 def with_jacobians(out, jac, args, kwargs):
-    """`out` with each recorded tensor made `value + J (x - x.detach())`: the value, and the recorded gradient."""
+    """`out` with each tensor that had a gradient in the runner given the recorded value and Jacobians."""
     inputs = dict((str(k), x) for k, x in _grad_inputs(args, kwargs))
     for path, rows in jac:
         t = out if not path else out[path[0]]
-        for key, J in rows.items():
-            x = inputs.get(key)
-            if x is not None:
-                dx = (x - x.detach()).reshape(-1).to(t.dtype)
-                t = t + (torch.tensor(J, dtype=t.dtype).reshape(t.numel(), -1) @ dx).reshape(t.shape)
+        used = [(torch.tensor(J, dtype=torch.float64).reshape(t.numel(), -1), inputs[key])
+                for key, J in rows.items() if key in inputs]
+        if used:
+            t = _Played.apply(t, [J for J, _ in used], *[x for _, x in used])
         out = t if not path else out[:path[0]] + (t,) + out[path[0] + 1:]
     return out
 

@@ -85,12 +85,12 @@ def test_blank_keeps_signature_and_docstring_and_splice_restores():
 @pytest.fixture(scope="module")
 def student(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("course") / "student"
-    assert make_assignment(["--out", str(out), "--hold-back", "tests/test_train.py"]) == 0
+    assert make_assignment(["--out", str(out), "--hold-back", "tests/test_plot_run.py"]) == 0
     return out
 
 
 def test_student_copy_imports_and_collects(student):
-    assert not (student / "tests" / "test_train.py").exists()  # held back
+    assert not (student / "tests" / "test_plot_run.py").exists()  # held back
     assert not (student / "data").exists() and (student / "docs" / "course.md").exists()
     assert (student / "tests" / "test_exercises.py").exists()  # the graded tests, less their snapshots
     for path in INSTRUCTOR_ONLY:

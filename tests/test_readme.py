@@ -58,6 +58,11 @@ def definition_lines(file: str, name: str) -> tuple[int, int] | None:
     return node.lineno, node.end_lineno
 
 
+# a course copy (scripts/make_assignment.py leaves tests/course out): the functions the student writes have their own
+# lengths, so the line ranges below them move; there, only that each function exists is checked
+STUDENT_COPY = not (ROOT / "tests" / "course").is_dir()
+
+
 def test_walkthrough_line_ranges_match_the_code():
     """Each row of README's paper -> code table names a function that exists in that file, and its line range (the
     text and the link) is that function's def..end today. On failure it prints the table's rows as they should be."""
@@ -74,7 +79,7 @@ def test_walkthrough_line_ranges_match_the_code():
         r = f"L{where[0]}-L{where[1]}"
         good = f"| {row['paper']} | `{row['file']}` | `{row['function']}` | [{r}]({row['file']}#{r}) |"
         fixed.append(good)
-        if row["line"] != good:
+        if row["line"] != good and not STUDENT_COPY:
             wrong.append(f"{row['file']} {row['function']} is at {r}")
     assert not wrong, "README.md's paper -> code table is out of date:\n  " + "\n  ".join(wrong) + \
         "\nthe rows as they should read:\n" + "\n".join(fixed)
