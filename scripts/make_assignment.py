@@ -4,12 +4,14 @@ equation and the source). Functions are found by name with the `ast` module, so 
 
     python scripts/make_assignment.py --out DIR                       # every exercise
     python scripts/make_assignment.py --out DIR --exercises advantages kl
-    python scripts/make_assignment.py --out DIR --hold-back tests/test_exercises.py tests/snapshots
+    python scripts/make_assignment.py --out DIR --hold-back tests/test_exercises.py
 
 The copy holds the tracked files (`git ls-files`; without git: the tree less .git, data, runs and caches), so it has
-no data, runs or virtual env. `--hold-back PATH ...` leaves those paths out of it (e.g. the graded tests: grade.py runs
-its own). Grade a copy with `python scripts/grade.py DIR` from this (the solution) repository. The ast machinery here
-(`blank`, `splice`) is also what grade.py uses to put our reference back into a student's file.
+no data, runs or virtual env, and never the paths in INSTRUCTOR_ONLY (the planted wrong answers, the snapshots and
+their generator, the kit's tests, the grader). `--hold-back PATH ...` leaves more out (e.g. the graded tests: grade.py
+runs its own). A copy in which a line of a blanked body appears is refused (`solution_lines`, `leaks`). Grade a copy
+with `python scripts/grade.py DIR` from this (the solution) repository; the ast machinery here (`find`, `blank`,
+`splice`) is also what grade.py uses to put the student's function bodies into our modules.
 """
 
 import argparse
