@@ -1,7 +1,7 @@
 """The course kit (docs/course.md): scripts/make_assignment.py writes a student copy that imports and collects, with
 every exercise at 0 points, and that holds no solution; grading is independent across exercises; each typical wrong
 answer in tests/course/wrong/ loses points with a message that names its mistake; the snapshots match our code today.
-Attacks on the grader are in tests/test_grader.py. Several minutes on 2 busy cores: every grading is a runner process
+Attacks on the grader are in tests/test_grader.py. About 5 minutes on 2 busy cores: every grading is a runner process
 per exercise and a judge process."""
 
 import ast
