@@ -2,7 +2,8 @@
 pytest's report; a function that looks for the grader's modules, the solution's files (through /proc or by path) or
 the snapshots' expected values; one that raises with text read from the reference; one that ends the runner, patches
 builtins, or leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
-the student is the grader's own text. About two minutes on 2 busy cores (three gradings of eight exercises)."""
+the student is the grader's own text. A table of the visible tests' answers passes those tests, never the snapshots.
+About two minutes on 2 busy cores (three gradings of eight exercises and two of one)."""
 
 import shutil
 import sys
@@ -193,3 +194,23 @@ def test_the_reference_scores_100(tmp_path):
         shutil.copy2(src, tree / src.name)
     rows = grade.grade(tree, list(EXERCISES))
     assert all(r["points"] == r["max"] for r in rows), grade.table(rows)
+
+
+def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
+    # the hand-worked tests' inputs and answers are in the copy's tests/test_exercises.py (unless held back), so a table
+    # passes those; the snapshots' expected values never leave this repository, so it cannot pass them
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "group_advantages", """
+        key = (tuple(round(float(r), 4) for r in rewards), tuple(group_ids), eps, scale)
+        if len(group_ids) != len(rewards):
+            raise ValueError("lengths differ")
+        table = {((1.0, 0.0, 1.0, 1.0), ("q",) * 4, 1e-6, True): [0.5, -1.5, 0.5, 0.5],
+                 ((1.0, 0.0, 0.0, 0.0), ("a", "b", "a", "b"), 1e-6, True): [0.7071, 0.0, -0.7071, 0.0],
+                 ((0.7, 1.0, 0.0), ("solo", "g", "g"), 1e-6, True): [0.7, 0.7071, -0.7071],
+                 ((1.0, 0.0), ("q", "q"), 0.5, True): [0.5 / 1.2071068, -0.5 / 1.2071068],
+                 ((1.0, 0.0, 0.0), ("q",) * 3, 1e-6, False): [2 / 3, -1 / 3, -1 / 3]}
+        return torch.tensor(table.get(key, [0.0] * len(group_ids)))
+    """)
+    row = grade.run_exercise(tree, "advantages")
+    assert (row["passed"], row["total"]) == (6, 7) and row["points"] == 12.9, row
+    assert row["first_failure"].startswith("test_advantages_snapshot: snapshot"), row
