@@ -261,7 +261,7 @@ def run_student(student: Path, exercise: str, tmp: Path, timeout: float) -> dict
             try:
                 entry = json.loads(line)
                 recorded.setdefault(str(entry["test"]), list(entry["calls"]))  # the first entry of a test counts
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # a line the student's code wrote, perhaps
                 continue
     problem = f"timed out after {timeout:.0f} s (an endless loop?)" if code is None else \
         "" if recorded else f"the tests did not run (exit {code}): does the student's code import?"

@@ -188,7 +188,8 @@ def _replayer(name, method):
         call = calls.pop(0)
         if method and isinstance(call.get("state"), dict):
             for k, v in decode(call["state"]).items():
-                setattr(args[0], str(k), v)
+                if not str(k).startswith("__"):
+                    setattr(args[0], str(k), v)
         if "raise" in call:
             kind = getattr(builtins, str(call["raise"]), Exception)
             kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else Exception
