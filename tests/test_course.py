@@ -1,8 +1,8 @@
 """The course kit (docs/course.md): scripts/make_assignment.py writes a student copy that imports and collects, with
 every exercise at 0 points, and that holds no solution; grading is independent across exercises; each typical wrong
 answer in tests/course/wrong/ loses points with a message that names its mistake; the snapshots match our code today.
-Attacks on the grader are in tests/test_grader.py. About 5 minutes on 2 busy cores: every grading is a runner process
-per exercise and a judge process."""
+Attacks on the grader are in tests/test_grader.py. Each grading is a runner process per exercise and a judge process,
+so the planted mistakes run through the graded tests in this process, and three of them through grade.py."""
 
 import ast
 import json
@@ -132,15 +132,16 @@ def test_make_assignment_refuses_a_copy_that_quotes_a_body(tmp_path, monkeypatch
 
 def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student, tmp_path):
     # the fresh copy with only `llds` solved: llds_loss calls the action gate, which is blank here; the grader runs
-    # it with our gate, so llds has full points and every other exercise 0
+    # it with our gate, so llds has full points and every other exercise 0 (all eight were graded blank in
+    # test_grader.py::test_module_level_code_never_runs)
     tree = modules_tree(tmp_path / "tree")
     for file in ("grpo.py", "llds.py", "rollout.py"):
         shutil.copy2(student / file, tree / file)
     text = (tree / "llds.py").read_text()
     (tree / "llds.py").write_text(splice(text, "llds_loss", function_source((ROOT / "llds.py").read_text(),
                                                                             "llds_loss")))
-    rows = {r["exercise"]: r for r in grade.grade(tree, list(EXERCISES))}
-    print(grade.table(list(rows.values())))
+    rows = {r["exercise"]: r for r in grade.grade(tree, ["llds", "gate", "clipped", "em"])}  # one per file, and
+    print(grade.table(list(rows.values())))  # the gate llds_loss calls
     assert rows["llds"]["points"] == rows["llds"]["max"], rows["llds"]
     for ex, row in rows.items():
         if ex != "llds":
@@ -162,26 +163,90 @@ def test_grade_rejects_a_timeout_that_is_no_positive_number_of_seconds(timeout, 
     assert stop.value.code == 2 and err[-1].endswith(f"error: --timeout must be a number of seconds > 0, got {timeout}")
 
 
-@pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
-def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path):
+def wrong_tree(wrong: Path, dest: Path) -> tuple[str, str, dict]:
+    """Our modules with the planted wrong answer `wrong` put in: (its exercise, its header's expected text, {file:
+    (the patched file's text, [qualified names of the functions it changes]))."""
     exercise = next(ex for ex in EXERCISES if wrong.stem.startswith(ex + "_"))
     header = dict(re.findall(r"^# (mistake|expect|patch|replace|with): (.+)$", wrong.read_text(), re.MULTILINE))
-    tree = modules_tree(tmp_path / "tree")
+    tree, changed = modules_tree(dest), {}
     if "patch" in header:  # a one-line mistake: our function with one text replaced (it must occur exactly once)
         file, name = header["patch"].split()
         ours = function_source((ROOT / file).read_text(), name)
         assert ours.count(header["replace"]) == 1, f"{wrong.name}: '{header['replace']}' is not once in {name}"
         text = (tree / file).read_text()
         (tree / file).write_text(splice(text, name, ours.replace(header["replace"], header["with"])))
+        changed.setdefault(file, []).append(name)
     names = {name.split(".")[-1]: (file, name) for file, name in EXERCISES[exercise]["functions"]}
     for node in ast.parse(wrong.read_text()).body:
         if isinstance(node, ast.FunctionDef):
             file, name = names[node.name]
             text = (tree / file).read_text()
             (tree / file).write_text(splice(text, name, ast.get_source_segment(wrong.read_text(), node)))
-    row = grade.run_exercise(tree, exercise)
-    assert row["points"] < row["max"], f"{wrong.name} ({header['mistake']}) passed every test"
-    assert header["expect"] in row["first_failure"], row["first_failure"]
+            changed.setdefault(file, []).append(name)
+    return exercise, header, {file: ((tree / file).read_text(), names) for file, names in changed.items()}
+
+
+class FirstFailure:
+    """A pytest plugin that keeps each test's outcome and the first failure's message, as grade.py's judge does."""
+
+    def __init__(self):
+        self.outcomes, self.first = {}, ""
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.failed:
+            ok = self.outcomes.get(report.nodeid, True) and not report.failed
+            self.outcomes[report.nodeid] = ok
+            if report.failed and not self.first:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                message = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
+                self.first = f"{report.nodeid.split('::')[-1]}: {grade.sanitize(message)}"
+
+
+@pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
+def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path, monkeypatch):
+    # the graded tests run here, in this process, with the wrong function in place of ours (a grading of each would
+    # cost two processes: test_the_grader_gives_each_planted_mistake_its_message runs three through grade.py)
+    import importlib.util
+
+    exercise, header, changed = wrong_tree(wrong, tmp_path / "tree")
+    for file, (text, names) in changed.items():
+        module = importlib.import_module(file[:-3])
+        spec = importlib.util.spec_from_loader(f"_wrong_{file[:-3]}", loader=None)
+        patched = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, patched)  # dataclasses look their module up
+        exec(compile(text, str(tmp_path / "tree" / file), "exec"), patched.__dict__)
+        for name in {n for spec in EXERCISES.values() for f, n in spec["functions"] if f == file}:  # whole, so a
+            *cls, attr = name.split(".")  # table of functions (grpo_loss's aggregations) holds the patched ones
+            owner, new = module, patched
+            for c in cls:
+                owner, new = getattr(owner, c), getattr(new, c)
+            monkeypatch.setattr(owner, attr, new.__dict__[attr])
+    result = FirstFailure()
+    code = pytest.main([str(ROOT / "tests" / "test_exercises.py"), "--exercise", exercise, "-q", "-p", "no:cacheprovider",
+                        "--rootdir", str(ROOT)], plugins=[result])
+    assert result.outcomes, f"{wrong.name}: no graded test ran (exit {code})"
+    assert not all(result.outcomes.values()), f"{wrong.name} ({header['mistake']}) passed every test"
+    assert header["expect"] in result.first, result.first
+
+
+def test_the_grader_gives_each_planted_mistake_its_message(tmp_path):
+    # three of the four mistakes issue 26 found uncaught, put in one copy and graded by grade.py (runner and judge),
+    # each in its own exercise (the fourth, llds_ma_weight_ignored, is also an llds_loss: the sweep above has it):
+    # each exercise loses points with the message its mistake expects, as in the in-process sweep
+    chosen = ["advantages_equal_group_not_zeroed", "em_articles_before_punctuation", "llds_delta_in_bf16"]
+    tree, expect = modules_tree(tmp_path / "tree"), {}
+    for stem in chosen:
+        exercise, header, changed = wrong_tree(ROOT / "tests" / "course" / "wrong" / f"{stem}.py", tmp_path / stem)
+        for file, (text, names) in changed.items():
+            for name in names:
+                (tree / file).write_text(splice((tree / file).read_text(), name, function_source(text, name)))
+        expect[exercise] = (stem, header)
+    rows = grade.grade(tree, list(expect))
+    print(grade.table(rows))
+    for row in rows:
+        stem, header = expect[row["exercise"]]
+        assert row["points"] < row["max"], f"{stem} ({header['mistake']}) passed every test"
+        assert header["expect"] in row["first_failure"], (stem, row["first_failure"])
 
 
 def test_handout_covers_every_exercise_and_names_only_tests_that_exist():
