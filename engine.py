@@ -1,15 +1,16 @@
 """Decoding engines for rollout's `generate(contexts) -> new ids` seam, chosen by train.py/evaluate.py `--generator`.
 
-Both are Hugging Face's `model.generate` with one GenerationConfig that keeps rollout.py's departures 6-8 (ids beyond
-the tokenizer never sampled, a turn stops at its first </search> or </answer>, sampling by temperature and top_p only).
-`hf` (`hf_generator`) re-prefills each row's whole context (prompt + all earlier actions and observations) in a fresh
-`model.generate` call every turn. `hf-kv` (`kv_generator`) keeps each call's KV cache (transformers' DynamicCache) of
-gen_batch_size rows from one turn to the next: the next turn feeds only what the row does not have cached (the last
-sampled token, the observation or invalid-action message), so the prefill of turn t costs the new tokens only, not the
-whole context. Re-prefilling was the largest cost measured on our CPU (1.5-1.7x fewer useful tokens/s with 3 turns);
-the gain of keeping the cache is in docs/scaling.md ("Keeping the KV cache across turns").
+All three keep rollout.py's departures 6-8 (ids beyond the tokenizer never sampled, a turn stops at its first </search>
+or </answer>, sampling by temperature and top_p only). `hf` (`hf_generator`) is Hugging Face's `model.generate` with one
+GenerationConfig; it re-prefills each row's whole context (prompt + all earlier actions and observations) every turn,
+and a call decodes until its longest row stops: rows that stopped keep their slot as padding. `hf-kv`
+(`kv_generator`) keeps each call's KV cache (transformers' DynamicCache) of gen_batch_size rows from one turn to the
+next: the next turn feeds only what the row does not have cached (the last sampled token, the observation or
+invalid-action message). `cb` (`cb_generator`, the default) is our own decode loop over at most gen_batch_size slots
+(continuous batching): a row that stops leaves its slot at once and the next waiting row is prefilled into it, and
+each row's KV is kept across turns as hf-kv's is. Figures: docs/scaling.md ("Generation engines").
 
-How a cached row is extended (shapes: n rows of a call, W cached positions, P the longest new piece):
+How hf-kv extends a cached row (shapes: n rows of a call, W cached positions, P the longest new piece):
   * after a call, the cache holds W = sequences.shape[1] - 1 positions per row (the last sampled token has no KV yet);
     `tokens [n, W]` and `mask [n, W]` (0 = left padding or a dropped position) say what each position holds;
   * the next context of a row must start with the row's cached real tokens (mask 1) up to some position p: rollout
@@ -35,9 +36,29 @@ Departures of hf-kv from hf (the ids kept and the sampling are the same: departu
   3. Contexts are matched to cached rows in order (rollout keeps its rows' order and only drops finished ones); a
      context that extends no cached row starts a fresh set of calls (a new rollout), as hf would.
 
-Run `python engine.py` for a demo: greedy turns of a tiny random model, both engines, the same ids (seconds).
+How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV heads):
+  * each running row is compact and right-aligned: its cached ids are its last columns of the cache [n, H, W, Dh]
+    (left padding masked), its ids (context + sampled so far) the last ones of `seq` [n, S];
+  * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample (softmax + multinomial)
+    or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at
+    once (the columns only it used go too); the others decode one token at position = their count of cached ids;
+  * free slots take the next waiting rows: one prefill of their uncached ids on top of their kept KV, after which
+    each row is compacted (torch.gather) and joined on the left-padded cache.
+Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
+  1. Rows share forward passes with other rows than in hf's calls, so under one seed the sampled ids differ from hf's
+     (the same distribution: tests/test_engine.py); greedy ids are equal (float rounding apart: the tests' greedy
+     Episodes are). Returned ids carry no padding: each row ends at its stop.
+  2. Memory: a row's KV outlives its turn only if no waiting row needs its slot, and rows holding KV are admitted
+     first, so at most batch_size rows hold KV at any time, as the memory plan sizes them (memory.memory_plan); with
+     more rows than slots the other rows re-prefill their context, as hf does.
+  3. Logits processors see each row's ids left-padded to the longest running row, and rows join and leave between
+     steps: an extra processor must be a function of each row's ids and scores (tests' ScriptedPolicy, which tracks
+     a call's rows, drives hf only). Models whose cache has sliding-window layers are refused (ValueError).
+
+Run `python engine.py` for a demo: greedy turns of a tiny random model, the three engines, the same ids (seconds).
 """
 
+import collections
 import contextlib
 
 import torch
@@ -197,7 +218,181 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     return generate
 
 
-GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator}  # --generator's choices (train.py, evaluate.py)
+def _processors(gen_cfg, extra, device):
+    """hf's logits processors for gen_cfg, in generate's order (GenerationMixin._get_logits_processor, transformers
+    5.24): ids beyond the tokenizer suppressed (departure 6), the caller's `extra`, then, when sampling, temperature
+    (if != 1) and top_p (if < 1) (departure 8). Returns a LogitsProcessorList: (ids [n, S], scores [n, V]) -> [n, V]."""
+    from transformers import (LogitsProcessorList, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+                              TopPLogitsWarper)
+
+    procs = LogitsProcessorList()
+    if gen_cfg.suppress_tokens:
+        procs.append(SuppressTokensLogitsProcessor(gen_cfg.suppress_tokens, device=device))
+    procs += extra or []
+    if gen_cfg.do_sample and gen_cfg.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(gen_cfg.temperature))
+    if gen_cfg.do_sample and gen_cfg.top_p < 1.0:
+        procs.append(TopPLogitsWarper(gen_cfg.top_p))
+    return procs
+
+
+def _left_pad(tensors: list, width: int, dim: int, value=0):
+    """Pad each tensor on the left of `dim` to `width` with `value` and concatenate them along dim 0."""
+    out = []
+    for t in tensors:
+        shape = list(t.shape)
+        shape[dim] = width - t.shape[dim]
+        out.append(torch.cat([t.new_full(shape, value), t], dim))
+    return torch.cat(out)
+
+
+class _Row:
+    """One context of a `cb` call: `context` [L] ids, `new` the ids sampled so far, `past` the kept KV of its first
+    `k` ids ([(K, V)] per layer, each [1, H, k, Dh]; None when nothing is kept), `out` its index in the call."""
+
+    def __init__(self, out: int, context: list[int]):
+        self.out, self.context, self.new, self.past, self.k = out, context, [], None, 0
+
+    def cached(self) -> int:  # ids whose KV the slot holds: all but the last sampled one
+        return len(self.context) + len(self.new) - 1
+
+
+def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
+                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+    """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves its slot at once
+    and the next waiting row takes it (continuous batching); a row's KV is kept across turns while no waiting row needs
+    its slot (departure 2 of cb), so a later turn prefills only its new tokens.
+
+    Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where hf's would (its
+    EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal hf's (up to float rounding:
+    tests/test_engine.py). Each step: scores = processors(ids [n, S], logits [n, V]); ids sampled (softmax +
+    multinomial, or argmax when do_sample=False); the rows that stopped leave; the others decode one token with
+    position ids = their count of cached ids (the mask's cumsum, as hf's); waiting rows are prefilled together and
+    joined on the left-padded cache [n, H, W, Dh].
+    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, each ending at its stop (no padding),
+    with generate.eos_ids (a frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
+    """
+    from transformers import DynamicCache, EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
+    from transformers.cache_utils import DynamicLayer
+
+    base = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        do_sample=do_sample, batch_size=batch_size, logits_processor=logits_processor)
+    gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
+    stops = StoppingCriteriaList([EosTokenCriteria(gen_cfg.eos_token_id),
+                                  StopStringCriteria(tokenizer, gen_cfg.stop_strings)])
+    kept = []  # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is held, KV)
+
+    def make_cache(kv):
+        """A DynamicCache holding kv ((K, V) per layer, each [n, H, W, Dh]; [] for an empty one)."""
+        cache = DynamicCache(ddp_cache_data=kv or None, config=model.config)
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            raise ValueError("--generator cb needs full-attention layers (no sliding window): use --generator hf")
+        return cache
+
+    def forward(ids, mask, pos, cache):
+        """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P]) -> the last
+        position's float32 logits [n, V], as hf's; the cache grows to W + P."""
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                    logits_to_keep=1)
+        return out.logits[:, -1].to(copy=True, dtype=torch.float32)
+
+    def prefill(rows, device):
+        """The rows' uncached ids on top of their kept KV (left-padded to Wp), themselves left-padded to P; then each
+        row compacted so that its real positions are its last ones. Returns (logits [m, V], KV [m, H, W, Dh])."""
+        tails = [r.context[r.k:] for r in rows]
+        wp, p = max(r.k for r in rows), max(len(t) for t in tails)
+        ref = next((r.past for r in rows if r.past), [])
+        none = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]  # a row with nothing kept: [1, H, 0, Dh]
+        cache = make_cache([tuple(_left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
+                            for i in range(len(ref))])  # [m, H, Wp, Dh] per layer
+        ids = torch.tensor([[pad] * (p - len(t)) + t for t in tails], device=device)  # [m, P]
+        mask = torch.tensor([[0] * (wp - r.k) + [1] * r.k + [0] * (p - len(t)) + [1] * len(t)
+                             for r, t in zip(rows, tails)], device=device)  # [m, Wp + P]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]  # [m, P]  HF's position ids: the mask's cumsum
+        logits = forward(ids, mask, pos, cache)
+        width = max(len(r.context) for r in rows)
+        idx = torch.tensor([[wp - r.k] * (width - len(r.context)) + list(range(wp - r.k, wp))
+                            + list(range(wp + p - len(t), wp + p)) for r, t in zip(rows, tails)], device=device)
+        for r in rows:
+            r.past = None  # the slot holds it now
+        layer = cache.layers[0].keys
+        idx = idx[:, None, :, None].expand(-1, layer.shape[1], -1, layer.shape[3])  # [m, H, W, Dh]
+        return logits, [(x.keys.gather(2, idx), x.values.gather(2, idx)) for x in cache.layers]
+
+    def reuse(rows):
+        """Give each context the kept KV of the row whose turn it extends (matched in order, as rollout keeps its
+        rows, on the context and the first id sampled after it), cut to their longest common prefix, so that a tail
+        cut_turn dropped is dropped here too. The rest of `kept` is freed."""
+        prev, i = list(kept), 0
+        kept.clear()
+        for r in rows:
+            j = next((j for j in range(i, len(prev)) if r.context[:len(prev[j][0])] == prev[j][0]), None)
+            if j is None:
+                continue
+            start, tokens, kv = prev[j]
+            i, k = j + 1, len(start) - 1
+            while k < min(len(tokens), len(r.context) - 1) and tokens[k] == r.context[k]:
+                k += 1
+            r.past, r.k = [(key[:, :, :k], value[:, :, :k]) for key, value in kv], k
+
+    def generate(contexts: list[list[int]]) -> list[list[int]]:
+        device = next(model.parameters()).device
+        procs = _processors(gen_cfg, logits_processor, device)
+        rows = [_Row(j, list(c)) for j, c in enumerate(contexts)]
+        reuse(rows)
+        # NOTE(departure): rows holding KV go first, so that no more than batch_size rows hold KV (cb departure 2)
+        waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
+        run, cache, seq, logits, store = [], None, None, None, {}  # running rows; their cache, ids [n, S], [n, V]
+        with torch.no_grad():
+            while run or waiting:
+                if waiting and len(run) < batch_size:  # free slots take the next waiting rows
+                    new = [waiting.popleft() for _ in range(min(batch_size - len(run), len(waiting)))]
+                    new_logits, kv = prefill(new, device)
+                    if run:  # widened on the left (masked) only if a new row is longer
+                        old = [(x.keys, x.values) for x in cache.layers]
+                        width = max(old[0][0].shape[2], kv[0][0].shape[2])
+                        kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
+                              for (k0, v0), (k1, v1) in zip(old, kv)]
+                    cache = make_cache(kv)  # [n, H, W, Dh] per layer
+                    seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device) for r in new],
+                                    max(len(r.context) + len(r.new) for r in run + new), 1, pad)  # [n, S]
+                    logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
+                    run += new
+                scores = procs(seq, logits)  # [n, V]
+                if do_sample:
+                    nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+                else:
+                    nxt = torch.argmax(scores, dim=-1)  # [n]
+                seq = torch.cat([seq, nxt[:, None]], dim=1)  # [n, S + 1]
+                keep = []
+                for i, (r, t, stop) in enumerate(zip(run, nxt.tolist(), stops(seq, scores).tolist())):
+                    r.new.append(t)
+                    if not (stop or len(r.new) == max_new_tokens):
+                        keep.append(i)
+                    elif not waiting:  # NOTE(departure): no row needs the slot, so its KV is kept (cb 2)
+                        n = r.cached()
+                        store[r.out] = (r.context + r.new[:1], r.context + r.new[:-1],
+                                        [(x.keys[i:i + 1, :, -n:].clone(), x.values[i:i + 1, :, -n:].clone())
+                                         for x in cache.layers])  # [1, H, n, Dh] per layer
+                if len(keep) < len(run):  # NOTE(departure): stopped rows leave at once (cb 1; hf pads them)
+                    run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
+                    width = max((r.cached() for r in run), default=0)
+                    cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
+                                        for x in cache.layers]) if run else None
+                    seq = seq[index, -(width + 1):] if run else None
+                if run:  # one decode step for the rows that go on
+                    n = torch.tensor([r.cached() for r in run], device=device)  # [n]
+                    width = cache.get_seq_length()
+                    mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()  # [n, W + 1]
+                    logits = forward(seq[:, -1:], mask, n[:, None], cache)  # position ids: cached ids
+        kept[:] = [store[r.out] for r in rows if r.out in store]  # in the call's order, for `reuse`
+        return [r.new for r in rows]
+
+    generate.eos_ids, generate.reset = base.eos_ids, kept.clear
+    return generate
+
+
+GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}  # --generator's choices
 
 
 @contextlib.contextmanager
@@ -229,8 +424,8 @@ if __name__ == "__main__":
         return tok.encode(text, add_special_tokens=False)
 
     contexts = [enc("Question: where is the tower?"), enc("Hi")]  # two rows of different lengths: left padding
-    for name, make in GENERATORS.items():
+    for name, make in GENERATORS.items():  # greedy: the same ids from the three engines
         generate = make(model, tok, max_new_tokens=6, do_sample=False)
         first = generate(contexts)
         second = generate([c + new + enc(" more text") for c, new in zip(contexts, first)])  # turn 2: an observation
-        print(name, first[0], second[0])  # both lines: [799, 276, 605, 727, 141, 589] [421, 509, 75, 351, 263, 738]
+        print(name, first[0], second[0])  # all lines: [799, 276, 605, 727, 141, 589] [421, 509, 75, 351, 263, 738]

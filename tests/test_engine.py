@@ -1,9 +1,12 @@
 """Tests for engine.py. hf_generator (--generator hf): the ids that end a turn, ids beyond the tokenizer never
-sampled (P16), the checkpoint's generation_config ignored (P17). kv_generator (--generator hf-kv) against it: the same
-Episodes under greedy decoding (tests' tiny model: every turn is an invalid action, so 4 turns with the invalid-action
-message appended; an EOS bias makes rows stop at different steps, so dropped tails and padding leave holes in the kept
-cache), in one generate call and in calls of 3 rows; the same sampled ids under one seed while the rows fit one call
-(the search world's warm-start policy, which searches); the flag's bad values are one line."""
+sampled (P16), the checkpoint's generation_config ignored (P17). kv_generator (--generator hf-kv) and cb_generator
+(--generator cb, the default) against it: the same Episodes under greedy decoding (tests' tiny model: every turn is an
+invalid action, so 4 turns with the invalid-action message appended; an EOS bias and forced tags make rows stop at
+different steps, on EOS, on a stop string or at max_new_tokens, so dropped tails and padding leave holes in hf-kv's
+kept cache, and cb's slots are refilled with 3 slots for 6 rows); the same sampled ids under one seed while the rows
+fit one call (hf-kv; the search world's warm-start policy, which searches); cb's sampled ids are the ones it fed back
+to the model, inside the top-p nucleus, with the policy's expected log-likelihood (P7); a later turn of cb prefills
+only what a row lacks, and a tail cut off the last turn is dropped; the flag's bad values are one line."""
 
 import copy
 import sys
@@ -16,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
 
 import evaluate  # noqa: E402
-from engine import GENERATORS, hf_generator, kv_generator  # noqa: E402
+from engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
 from rollout import make_prompt, rollout  # noqa: E402
 from test_rollout import Q1, Q2, FakeRetriever, enc, run  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
@@ -43,51 +46,102 @@ def fields(e):
     return (e.response_ids, e.loss_mask, e.answer_mask, e.num_turns, e.ended_on_eos, e.num_valid_actions)
 
 
-def eos_bias(tok, bias):
-    """A logits processor that reads the scores only (never input_ids, which hold the kept cache's holes in hf-kv)."""
+def eos_bias(tok, bias, tags=0.0):
+    """A logits processor that reads the scores and the last two ids only (hf-kv's input_ids hold its kept cache's
+    holes further back): EOS gets `bias`; with tags > 0, '<' gets `tags` and, once written, is forced on to '</',
+    then 'search' or 'answer' (the model's choice), then '>': a stop string."""
+    lt, sl, gt, search, answer = (tok.convert_tokens_to_ids(t) for t in ("<", "/", ">", "search", "answer"))
+
     def add(input_ids, scores):
+        last, prev = input_ids[:, -1], input_ids[:, -2]
         scores[:, tok.eos_token_id] += bias
+        if tags:
+            scores[:, lt] += tags
+            scores[last == lt, sl] += 100.0
+            scores[((last == sl) & (prev == lt)).nonzero()[:, 0, None], torch.tensor([search, answer])] += 100.0
+            scores[((last == search) | (last == answer)) & (prev == sl), gt] += 100.0
         return scores
     return [add]
 
 
 @pytest.mark.parametrize("batch_size", [64, 3])
-@pytest.mark.parametrize("bias", [0.0, 0.1, 0.3])  # 0.1, 0.3: rows end at different steps
-def test_greedy_episodes_are_the_same(tiny, batch_size, bias):
+@pytest.mark.parametrize("bias, tags", [(0.0, 0.0), (0.3, 0.0), (0.1, 0.15)])  # bias > 0: rows end at different steps
+def test_greedy_episodes_are_the_same(tiny, batch_size, bias, tags):
     model, tok = tiny
     eps = {}
     for name, make in GENERATORS.items():
         generate = make(model, tok, max_new_tokens=24, do_sample=False, batch_size=batch_size,
-                        logits_processor=eos_bias(tok, bias))
+                        logits_processor=eos_bias(tok, bias, tags))
         eps[name] = rollout(generate, tok, QUESTIONS, no_search, group_size=2, max_turns=3, max_obs_tokens=64)
-    assert [fields(e) for e in eps["hf"]] == [fields(e) for e in eps["hf-kv"]]
+    for name in GENERATORS:
+        assert [fields(e) for e in eps[name]] == [fields(e) for e in eps["hf"]], name
     lengths = {len(e.response_ids) for e in eps["hf"]}
     assert max(e.num_turns for e in eps["hf"]) == 4 and (bias == 0 or len(lengths) > 1)  # holes when bias > 0
+    if tags:  # turns ended on each of the three: a stop string, EOS, max_new_tokens
+        actions = [tok.decode(a) for e in eps["hf"] for a in actions_of(e)]
+        assert any(a.endswith(("</search>", "</answer>")) for a in actions) and any(e.ended_on_eos for e in eps["hf"])
+        assert any(len(a) == 24 for e in eps["hf"] for a in actions_of(e))
 
 
-def test_sampled_ids_are_the_same_under_one_seed_in_one_call(tmp_path):
-    """The warm-start policy searches: observations of different lengths per row; sampling at temperature 1."""
+def actions_of(e):
+    """The model's actions of an Episode: its runs of loss_mask 1, as lists of ids."""
+    out = [[]]
+    for t, m in zip(e.response_ids, e.loss_mask):
+        if m:
+            out[-1].append(t)
+        elif out[-1]:
+            out.append([])
+    return [a for a in out if a]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The search world's warm-start policy (it searches: observations of different lengths per row), its BM25
+    search and 6 test questions: (model, tok, rows, search)."""
     import search_world
     from retriever import BM25Retriever
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    paths = search_world.write_world(search_world.make_world(seed=0), tmp_path)
+    paths = search_world.write_world(search_world.make_world(seed=0), tmp_path_factory.mktemp("world"))
     search = BM25Retriever.from_jsonl(str(paths["corpus"])).search
     rows = evaluate.load_questions(str(paths["test"]))[:6]
     tok = AutoTokenizer.from_pretrained(WARM_START)
-    model = AutoModelForCausalLM.from_pretrained(WARM_START).eval()
+    return AutoModelForCausalLM.from_pretrained(WARM_START).eval(), tok, rows, search
+
+
+def test_sampled_ids_are_the_same_under_one_seed_in_one_call(world):
+    """hf-kv: sampling at temperature 1, the rows in one call: the same random numbers, the same ids as hf."""
+    model, tok, rows, search = world
     eps = {}
-    for name, make in GENERATORS.items():
+    for name in ("hf", "hf-kv"):
         torch.manual_seed(0)
-        eps[name] = rollout(make(model, tok, max_new_tokens=48, top_p=0.95), tok, rows, search, group_size=3,
-                            max_turns=3, max_obs_tokens=96)
+        eps[name] = rollout(GENERATORS[name](model, tok, max_new_tokens=48, top_p=0.95), tok, rows, search,
+                            group_size=3, max_turns=3, max_obs_tokens=96)
     assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps["hf-kv"]]
     assert sum(e.num_searches for e in eps["hf"]) >= 3  # later turns did run on the kept caches
 
 
-def test_kept_caches_are_freed_when_the_rollout_ends(tiny):
+def test_cb_greedy_searches_are_hfs_with_refilled_slots(world):
+    """cb, greedy, 4 slots for 12 rows of a policy that searches (its ' know', of '<think> I know the answer.', is
+    barred, so it takes its search branch) and answers after 1-3 turns: hf's Episodes."""
+    model, tok, rows, search = world
+    know = tok.encode(" know", add_special_tokens=False)
+
+    def search_first(input_ids, scores):
+        scores[:, know] -= 100.0
+        return scores
+
+    eps = {name: rollout(GENERATORS[name](model, tok, max_new_tokens=48, do_sample=False, batch_size=4,
+                                          logits_processor=[search_first]), tok, rows, search, group_size=2,
+                         max_turns=3, max_obs_tokens=96) for name in ("hf", "cb")}
+    assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps["cb"]]
+    assert sum(e.num_searches for e in eps["hf"]) >= 6 and len({e.num_turns for e in eps["hf"]}) > 1
+
+
+@pytest.mark.parametrize("engine", [kv_generator, cb_generator])
+def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
     model, tok = tiny
-    generate = kv_generator(model, tok, max_new_tokens=8, do_sample=False)
+    generate = engine(model, tok, max_new_tokens=8, do_sample=False)
     first = generate([tok.encode("Hi there", add_special_tokens=False)])
     assert generate([tok.encode("Hi there", add_special_tokens=False) + first[0] + [5]])  # a later turn: kept
     rollout(generate, tok, QUESTIONS[:1], no_search, group_size=1, max_turns=1, max_obs_tokens=64)
@@ -95,12 +149,88 @@ def test_kept_caches_are_freed_when_the_rollout_ends(tiny):
     assert again == first
 
 
+def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
+    """Turn 2 keeps 2, 5 and all 8 of turn 1's ids before an observation: cb feeds only the uncached ids (the cut
+    tail's KV is dropped) and its greedy ids equal hf's, which re-prefills every context."""
+    model, tok = tiny
+    fed = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
+    try:
+        cb = cb_generator(model, tok, max_new_tokens=8, do_sample=False, batch_size=3)
+        first = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?")]
+        new = cb(first)
+        assert [len(n) for n in new] == [8, 8, 8]
+        second = [c + n[:k] + enc(tok, " obs") for c, n, k in zip(first, new, (2, 5, 8))]
+        fed.clear()
+        assert cb(second) == hf_generator(model, tok, max_new_tokens=8, do_sample=False)(second)
+    finally:
+        model.forward = forward
+    assert len(fed) > 1 and fed[0] <= 1 + len(enc(tok, " obs"))  # the prefill: at most the last id and " obs" a row
+
+
+def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
+    """Sampling (T 0.7, top-p 0.5) with 3 slots for 8 rows: every returned id was appended to its row's ids as the
+    logits processors saw them, lies inside the top-p nucleus of the policy's recomputed logits (a slack of 1e-3 on
+    p, for float rounding) and, summed over the ids, log p(id) matches its expectation -H within 4 standard
+    deviations (a wrong cache, position or temperature would move it)."""
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # peaked, context-dependent distributions: a wrong context is seen
+    seen = set()
+
+    def record(input_ids, scores):
+        seen.update(tuple(row) for row in input_ids.tolist())
+        return scores
+
+    torch.manual_seed(0)
+    cb = cb_generator(model, tok, max_new_tokens=24, temperature=0.7, top_p=0.5, batch_size=3,
+                      logits_processor=[record])
+    contexts = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi")] * 2
+    new = cb(contexts)
+    from transformers import GenerationConfig
+
+    check = _processors(GenerationConfig(do_sample=True, temperature=0.7, top_p=0.501,
+                                         suppress_tokens=list(range(len(tok), len(tok) + 16))), None, "cpu")
+    total = mean = var = 0.0
+    for c, n in zip(contexts, new):
+        row = c + n
+        assert any(s[-len(row) + 1:] == tuple(row[:-1]) for s in seen if len(s) >= len(row) - 1)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([row])).logits[0, len(c) - 1:-1].float()  # [24, V]
+        logp = torch.log_softmax(check(torch.tensor([row] * len(n)), logits), dim=-1)  # [24, V]
+        p = logp.exp()
+        sampled = logp[torch.arange(len(n)), torch.tensor(n)]  # [24]
+        assert torch.isfinite(sampled).all()  # inside the nucleus
+        ent = -(p * logp.nan_to_num(neginf=0.0)).sum(-1)  # [24]
+        total += sampled.sum().item()
+        mean -= ent.sum().item()
+        var += ((p * logp.nan_to_num(neginf=0.0) ** 2).sum(-1) - ent ** 2).sum().item()
+    assert abs(total - mean) < 4 * var ** 0.5, (total, mean, var ** 0.5)
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_cb_processes_logits_as_hf_generate(tok, model, do_sample):
+    """cb's processors (engine._processors) give hf generate's scores, bit for bit, for a checkpoint whose
+    generation_config asks for more (Qwen's top_k=20, repetition_penalty=1.05: ignored by both, P17)."""
+    m = copy.deepcopy(model)
+    m.generation_config.top_k, m.generation_config.repetition_penalty = 20, 1.05
+    extra = eos_bias(tok, 0.5)
+    gen_cfg = hf_generator(m, tok, temperature=0.7, top_p=0.9, do_sample=do_sample).gen_cfg
+    hf = m._get_logits_processor(m._prepare_generation_config(gen_cfg)[0], input_ids_seq_length=5,
+                                 logits_processor=extra, device="cpu")
+    g = torch.Generator().manual_seed(0)
+    ids, scores = torch.randint(0, len(tok), (3, 5), generator=g), torch.randn(3, len(tok) + 16, generator=g)
+    ours = _processors(gen_cfg, extra, "cpu")(ids, scores.clone())
+    assert torch.equal(ours, hf(ids, scores.clone()))  # exact: the same processors on the same scores
+
+
 def test_bad_generator_is_one_line(capsys):
     with pytest.raises(SystemExit) as stop:
         parse_args(["--generator", "vllm"])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("error: --generator must be one of ('hf', 'hf-kv'), got 'vllm'"), err
+    assert err[-1].endswith("error: --generator must be one of ('hf', 'hf-kv', 'cb'), got 'vllm'"), err
     with pytest.raises(SystemExit):
         evaluate.main(["--model", "x", "--data", "x.jsonl", "--generator", "vllm"])
     err = capsys.readouterr().err.strip().splitlines()
