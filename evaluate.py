@@ -328,9 +328,9 @@ def main(argv=None):
     ap.add_argument("--max-obs-tokens", type=int, default=500, help="tokens per <information> block")
     ap.add_argument("--topk", type=int, default=3, help="passages per search")
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
-    ap.add_argument("--generator", default="hf", choices=tuple(GENERATORS),
-                    help="decoding: hf (re-prefill every turn) | hf-kv (KV caches kept across turns; engine.py); "
-                    "greedy ids are the same")
+    ap.add_argument("--generator", default="cb", choices=tuple(GENERATORS),
+                    help="decoding: cb (continuous batching, KV kept across turns) | hf (HF generate, re-prefill every "
+                    "turn) | hf-kv (HF generate, KV kept across turns); engine.py; greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json, RUN/eval_step_N.json for a "

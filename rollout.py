@@ -11,7 +11,7 @@ Every row of a batch is one trajectory; the G trajectories of a prompt are conti
 prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens.
 
 `rollout` takes its two engines as callables: `generate(contexts) -> new ids per context`, with `generate.eos_ids`
-(engine.py builds the Hugging Face ones; a vLLM or SGLang engine is one more such function, and must keep
+(engine.py builds ours: HF generate, or our continuous-batching loop; a vLLM or SGLang engine is one more, and must keep
 departures 6-8: no ids beyond the tokenizer, stop at the first tag, sample by temperature and top_p only), and
 `search(queries, topk) -> hits per query` (retriever.BM25Retriever.search, RemoteRetriever.search). The model sees the
 hits as `format_passages` writes them; Episode.retrieved keeps the hits themselves (ids, contents, scores).
@@ -296,7 +296,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
     generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) -> [N] lists of new
     ids, the turn up to its first EOS or stop string, possibly followed by more (padding, overshoot: `cut_turn` drops
     it), with an `eos_ids` attribute (the ids that end a turn) and an optional `reset()`, called when the rollout ends:
-    engine.hf_generator(model, tokenizer, ...), engine.kv_generator, or any function.
+    engine.cb_generator(model, tokenizer, ...) (the default), engine.hf_generator, engine.kv_generator, or any function.
     search: a callable (queries: list[str], topk: int) -> one list of hits per query, as retriever.BM25Retriever.search
     and RemoteRetriever.search give them ([{"document": {"id", "contents"}, "score"}, ...]); the model sees
     `format_passages` of them, the Episode keeps them (Episode.retrieved).
@@ -348,7 +348,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
                 e.num_searches += 1
                 e.retrieved.append(h)  # evaluate.py reads the passage titles from it (retrieval recall)
 
-    getattr(generate, "reset", lambda: None)()  # an engine that keeps state (engine.kv_generator) frees it here
+    getattr(generate, "reset", lambda: None)()  # an engine that keeps KV (engine.cb_generator, kv_generator) frees it
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)
         e.reward = em_check(e.answer, e.golden_answers)

@@ -68,7 +68,7 @@ class Args:
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
     gen_batch_size: str = "auto"  # rows per generate call: a count, or auto: as many as the free memory holds
-    generator: str = "hf"  # decoding: hf (re-prefill every turn) | hf-kv (KV caches kept across turns; engine.py)
+    generator: str = "cb"  # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (engine.py)
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon

@@ -141,7 +141,7 @@ def run(quick: bool = False) -> list[dict]:
     load_before, rows = os.getloadavg(), []
     with tempfile.TemporaryDirectory() as tmp:
         for w in workloads(quick, Path(tmp)):
-            rows += bench(w, repeats=1 if quick else 3 if w["label"].startswith("world") else 2)
+            rows += bench(w, repeats=1 if quick else 7 if w["label"].startswith("world") else 2)
     load_after = os.getloadavg()
     for r in rows:
         r.update(load_before=load_before, load_after=load_after, threads=torch.get_num_threads(),

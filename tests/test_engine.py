@@ -255,7 +255,8 @@ def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
 # P16: ids the tokenizer does not have are never sampled
 
 
-def test_p16_no_out_of_tokenizer_ids(tok, model):
+@pytest.mark.parametrize("engine", [hf_generator, cb_generator])
+def test_p16_no_out_of_tokenizer_ids(tok, model, engine):
     n_tok = len(tok)
     vocab = model.get_output_embeddings().weight.shape[0]
     assert vocab == n_tok + 16
@@ -268,7 +269,7 @@ def test_p16_no_out_of_tokenizer_ids(tok, model):
 
     torch.manual_seed(0)
     rows = [{"question": q, "golden_answers": ["Paris"]} for q in (Q1, Q2)]
-    eps = rollout(hf_generator(model, tok, max_new_tokens=48, temperature=1.0, top_p=1.0), tok, rows,
+    eps = rollout(engine(model, tok, max_new_tokens=48, temperature=1.0, top_p=1.0), tok, rows,
                   FakeRetriever(), group_size=8, max_turns=1)
     sampled = [t for e in eps for t, m in zip(e.response_ids, e.loss_mask) if m == 1]
     assert len(sampled) > 500

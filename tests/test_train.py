@@ -418,8 +418,9 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     import train
 
     sizes = []
-    real = engine.hf_generator
-    monkeypatch.setitem(engine.GENERATORS, "hf", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
+    real = engine.GENERATORS[train.Args.generator]  # the default engine
+    monkeypatch.setitem(engine.GENERATORS, train.Args.generator,
+                        lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
     # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
     # tokens: 979,200 bytes per row (memory.row_bytes). Free: the static memory plus just enough for the update's 1-row
