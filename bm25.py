@@ -3,7 +3,8 @@
 A passage's text becomes words through an analyzer (`ANALYZERS`); `SparseBM25.build` stores, for each word, the
 passages that hold it (its posting list) with each one's precomputed term score, so a query adds up only the posting
 lists of its words. retriever.BM25Retriever searches with it, and caches each built index on disk
-(`index_cache_file`). Two variants (`BM25_VARIANTS`, train.py and evaluate.py `--bm25`; SparseBM25 has the formulas):
+(retriever.index_cache_file). Two variants (`BM25_VARIANTS`, train.py and evaluate.py `--bm25`; SparseBM25 has the
+formulas):
   * "lucene" (default): what Search-R1's BM25 baseline runs, pyserini's LuceneSearcher over wiki-18 with Anserini's
     defaults: Lucene's BM25Similarity (idf ln(1 + (N - df + 0.5) / (df + 0.5)), k1=0.9, b=0.4, no (k1 + 1) factor, in
     float32) over Lucene's English analysis (UAX #29 words, possessive 's removed, lower-cased, 33 stop words, Porter
@@ -33,21 +34,22 @@ Run `python bm25.py` for a demo: both analyzers on one question, both variants' 
 """
 
 import functools
-import hashlib
-import importlib.metadata
-import json
+import importlib.util
 import math
 import os
-import pickle
 import re
-import unicodedata
-import zipfile
+import threading
 from array import array
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 import regex
+
+# numba compiles the search loop (`_search_queries`, imported on the first search); without it SparseBM25 searches with
+# numpy, the same floats. Set NUMBA = False for the numpy path (benchmarks/speed_retrieval.py compares the two).
+NUMBA = importlib.util.find_spec("numba") is not None
+NUMBA_FROM = 2_000  # top_many compiles from this many passages: below, numpy takes < 0.2 ms a query, less than numba
+# saves in the ~0.7 s that importing it and loading the compiled loop cost a process
 
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
 DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
@@ -77,12 +79,41 @@ MAX_TOKEN_CHARS = 255  # StandardTokenizer's default maxTokenLength: a longer wo
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (Anserini's default stop words), 33 words.
 LUCENE_STOP_WORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their "
                               "then there these they this to was will with".split())
-_POSSESSIVE = regex.compile(r"['\u2019\uFF07][sS]$")  # EnglishPossessiveFilter: a trailing 's, ’s or ＇s
+_POSSESSIVE = tuple(q + s for q in "'\u2019\uFF07" for s in "sS")  # EnglishPossessiveFilter: trailing 's, ’s, ＇s
+MAX_CACHED_WORDS = 1 << 17  # english_analyze's memory of analyzed words
+
+
+# The same words fast: in ASCII, UAX #29 joins letters, digits and "_", a letter to a letter across one of : . ' and a
+# digit to a digit across one of , . ; ' (rules WB5-WB13b); Python's re finds those words (_ASCII_WORD) 10x faster
+# than the regex module's word boundaries, which only whitespace-delimited pieces holding a non-ASCII character go
+# through (_PIECES). ASCII whitespace ends a word whatever surrounds it, except before a combining mark, format
+# character or joiner, which UAX #29 (WB4, WB3c) binds to it: a piece starting so sends the whole text through the
+# regex module. tests/test_bm25.py checks both ways give the same words on fuzzed text and on real passages.
+_ASCII_WORD = r"\w+(?:(?<=[A-Za-z])[:.'](?=[A-Za-z])\w+|(?<=[0-9])[,.;'](?=[0-9])\w+)*"  # \w: [A-Za-z0-9_]
+_ASCII_WORDS = re.compile(_ASCII_WORD, re.ASCII)
+_PIECES = re.compile(r"(?<!\S)\S*[^\x00-\x7f]\S*|" + _ASCII_WORD, re.ASCII)  # a piece with non-ASCII, or an ASCII word
+_JOINS_BACK = regex.compile(r"[\p{Word_Break=Extend}\p{Word_Break=Format}\p{Word_Break=ZWJ}]")
 
 
 def standard_tokenize(text: str) -> list[str]:
     """Lucene's StandardTokenizer (UAX #29 words, original case): "Paris's 1,000 U.S. e-mail" -> ["Paris's", "1,000",
-    "U.S", "e", "mail"]. Words longer than MAX_TOKEN_CHARS characters are cut into pieces of that length."""
+    "U.S", "e", "mail"]. Words longer than MAX_TOKEN_CHARS characters are cut into pieces of that length. ASCII
+    words by Python's re, the rest by `uax29_tokenize` (the same words: the comment above)."""
+    out = []
+    for piece in (_ASCII_WORDS if text.isascii() else _PIECES).findall(text):
+        if not piece.isascii():  # a whitespace-delimited piece with a non-ASCII character
+            if _JOINS_BACK.match(piece):
+                return uax29_tokenize(text)
+            out += uax29_tokenize(piece)
+        elif len(piece) > MAX_TOKEN_CHARS or not piece.strip("_"):  # "___" holds no letter or digit: no word
+            out += uax29_tokenize(piece)
+        else:
+            out.append(piece)
+    return out
+
+
+def uax29_tokenize(text: str) -> list[str]:
+    """`standard_tokenize` by the regex module's Unicode word boundaries alone (slow: ~4 us a word)."""
     out = []
     for seg in _SEGMENT.findall(text):
         if _TOKEN_CHAR.search(seg):
@@ -99,22 +130,49 @@ def java_lower(word: str) -> str:
     return low
 
 
+# Snowball's "porter" (PyStemmer's C code, what bm25s stems with) is the published algorithm, where Martin Porter's code
+# has "bli" -> "ble" and "logi" -> "log", undoubles any final double consonant but l, s, z (Snowball only bb dd ff gg mm
+# nn pp rr tt) and keeps 1-2 letter words. Words that could meet those rules, or hold anything but a-z, go to NLTK:
+# the rest stem the same (tests/test_bm25.py; all 68,278 words of our QA bundle), 10x faster.
+_NLTK_ONLY = re.compile(r"bl|log|cc|hh|jj|kk|qq|vv|ww|xx|yy|[^a-z]|^.{0,2}$")
+
+
 @functools.cache
 def _porter_stem():
     """Porter's stemmer as Lucene's PorterStemmer has it: NLTK's MARTIN_EXTENSIONS mode, i.e. Martin Porter's own
     reference implementation ("bli" -> "ble", "logi" -> "log", words of 1-2 letters kept), not the published algorithm
-    that snowballstemmer's "porter" follows (101 of the 71,690 words of our QA bundle would stem differently).
-    Imported on first use (importing nltk takes ~0.4 s)."""
+    that snowballstemmer's "porter" follows (101 of the 71,690 words of our QA bundle would stem differently); sped up
+    by PyStemmer's Snowball "porter" where the two agree (_NLTK_ONLY), if PyStemmer is installed. Imported on first
+    use (importing nltk takes ~0.4 s)."""
     from nltk.stem.porter import PorterStemmer
 
-    return functools.partial(PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS).stem, to_lowercase=False)
+    martin = functools.partial(PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS).stem, to_lowercase=False)
+    if importlib.util.find_spec("Stemmer") is None:
+        return martin
+    import Stemmer
+
+    snowball = Stemmer.Stemmer("porter").stemWord
+    return lambda word: martin(word) if _NLTK_ONLY.search(word) else snowball(word)
 
 
-@functools.lru_cache(maxsize=1 << 20)  # each distinct word is analyzed once: a dict look-up per token after that
-def _english_word(word: str) -> str | None:
-    """One StandardTokenizer word through the English filters: None for a stop word, else its stem."""
-    word = java_lower(_POSSESSIVE.sub("", word))  # EnglishPossessiveFilter, then LowerCaseFilter
-    return None if word in LUCENE_STOP_WORDS else _porter_stem()(word)
+def _english_word(word: str) -> str:
+    """One StandardTokenizer word through the English filters: "" for a stop word, else its stem."""
+    word = java_lower(word[:-2] if word.endswith(_POSSESSIVE) else word)  # EnglishPossessiveFilter, LowerCaseFilter
+    return "" if word in LUCENE_STOP_WORDS else _porter_stem()(word)
+
+
+class _EnglishWords(dict):
+    """word -> _english_word(word): each distinct word is analyzed once, a dict look-up per token after that. Emptied
+    when it holds MAX_CACHED_WORDS words (~20 MB), so a large corpus's vocabulary does not stay resident."""
+
+    def __missing__(self, word: str) -> str:
+        if len(self) >= MAX_CACHED_WORDS:
+            self.clear()
+        self[word] = stem = _english_word(word)
+        return stem
+
+
+_ENGLISH_WORDS = _EnglishWords()
 
 
 def english_analyze(text: str) -> list[str]:
@@ -122,14 +180,14 @@ def english_analyze(text: str) -> list[str]:
     EnglishAnalyzer. `standard_tokenize`, then drop a trailing possessive 's, lower-case (`java_lower`), drop
     LUCENE_STOP_WORDS, Porter-stem (`_porter_stem`): "Who founded the X-Men's comics?" -> ["who", "found", "x", "men",
     "comic"]. A text of stop words and punctuation gives []."""
-    return [w for w in map(_english_word, standard_tokenize(text)) if w is not None]
+    return [w for w in map(_ENGLISH_WORDS.__getitem__, standard_tokenize(text)) if w]
 
 
 ANALYZERS = {"english": english_analyze, "words": tokenize}  # analyzer name -> text -> [words]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The index: rank-bm25's or Lucene's scores from posting lists, and its file in the on-disk cache
+# The index: rank-bm25's or Lucene's scores from posting lists (retriever.py keeps its file in the on-disk cache)
 
 
 def lucene_doc_length(n: int) -> int:
@@ -172,6 +230,7 @@ class SparseBM25:
         self.num_docs = num_docs  # D
         self.variant = variant  # "okapi" or "lucene"
         self.idf = idf  # [V] float32 for "lucene"; None for "okapi" (the idf is inside its values)
+        self._scratch, self._lock = None, threading.Lock()  # top_many's [threads, D] accumulators, made on first use
 
     @classmethod
     def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25,
@@ -230,113 +289,88 @@ class SparseBM25:
 
     def get_scores(self, words: list[str]) -> np.ndarray:
         """Scores [D] float64 of a tokenized query. okapi: as BM25Okapi.get_scores returns them (repeated words count
-        again). lucene: Lucene's float32 scores (as float64), a repeated word weighted by its count."""
+        again, unknown words add 0). lucene: Lucene's float32 scores (as float64), a repeated word weighted by its
+        count: the float64 sum of the float32 term scores rounded to float32 once, as Lucene."""
         scores = np.zeros(self.num_docs)  # [D]
+        for docs, term_scores in self._postings(words):
+            scores[docs] += term_scores  # a posting list holds each passage once
+        return scores if self.variant == "okapi" else scores.astype(np.float32).astype(np.float64)
+
+    def _postings(self, words: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """[(passages [n_t] int32, term scores [n_t]) of each term t of a query (`_query_terms`), in the order the
+        scores add them]: okapi its float64 values; lucene its float32 term scores w - w / (1 + value)."""
+        terms, counts = self._query_terms(words)
+        spans = [slice(self.indptr[t], self.indptr[t + 1]) for t in terms]
         if self.variant == "okapi":
-            for w in words:
-                t = self.vocab.get(w)
-                if t is not None:  # unknown words add 0, as in rank-bm25
-                    lo, hi = self.indptr[t], self.indptr[t + 1]
-                    scores[self.docs[lo:hi]] += self.values[lo:hi]  # a posting list holds each passage once
-            return scores
-        for w, count in Counter(words).items():
-            t = self.vocab.get(w)
-            if t is not None:
-                lo, hi = self.indptr[t], self.indptr[t + 1]
-                weight = np.float32(count) * self.idf[t]  # BM25Scorer.weight = boost * idf, in float32
-                scores[self.docs[lo:hi]] += weight - weight / (np.float32(1) + self.values[lo:hi])  # float32 terms
-        return scores.astype(np.float32).astype(np.float64)  # the float64 sum rounded to float32 once, as Lucene
+            return [(self.docs[span], self.values[span]) for span in spans]
+        weights = np.array(counts, np.float32) * self.idf[terms]  # [terms] BM25Scorer.weight = count * idf, float32
+        return [(self.docs[span], w - w / (np.float32(1) + self.values[span])) for span, w in zip(spans, weights)]
 
     def top(self, words: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(passages [<=k] int, scores [<=k] float64) of a tokenized query's k best passages: exactly
+        """(passages [<=k] int64, scores [<=k] float64) of a tokenized query's k best passages: exactly
+        `top_k(get_scores(words), k)` and those scores, bit for bit. `top_many` of one query."""
+        return self.top_many([words], k)[0]
+
+    def top_many(self, queries: list[list[str]], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """[Q] (passages [<=k] int64, scores [<=k] float64) of Q tokenized queries (a turn's searches), each exactly
+        `top_k(get_scores(words), k)` with those scores, bit for bit. With numba (NUMBA), one compiled call
+        (`_search_queries`) per thread, the queries spread over one thread per CPU core; without, `_top_numpy` query
+        by query. Either way a query touches only its words' posting lists."""
+        if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
+            return [self._top_numpy(words, k) for words in queries]
+        terms, counts, qptr = [], [], [0]
+        for words in queries:
+            t, c = self._query_terms(words)
+            terms, counts = terms + t, counts + c
+            qptr.append(len(terms))
+        Q, lucene, (search, pool, cores) = len(queries), self.variant == "lucene", _compiled()
+        terms = np.array(terms, np.int64)  # [n_terms] all queries' terms, query q's at qptr[q]:qptr[q+1]
+        weights = np.array(counts, np.float32) * (self.idf[terms] if lucene else np.float32(0))  # BM25Scorer.weight
+        docs, scores = np.full((Q, k), -1, np.int64), np.zeros((Q, k))  # [Q, k] filled by _search_queries
+        values64, values32 = (np.zeros(0), self.values) if lucene else (self.values, np.zeros(0, np.float32))
+        args = (self.indptr, self.docs, values64, values32, np.array(qptr, np.int64), terms, weights, lucene, docs,
+                scores)
+        threads = min(Q, cores)
+        with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
+            if self._scratch is None or len(self._scratch[0]) < threads:
+                self._scratch = (np.zeros((threads, self.num_docs)), np.zeros((threads, self.num_docs), np.bool_))
+            if threads == 1:
+                search(*args, *(a[0] for a in self._scratch), 0, 1)
+            else:  # thread t takes queries t, t + T, ...: the compiled loop runs without the GIL
+                list(pool.map(lambda t: search(*args, *(a[t] for a in self._scratch), t, threads), range(threads)))
+        found = (docs >= 0).sum(axis=1)  # [Q] hits per query
+        return [(d[:n], s[:n]) for d, s, n in zip(docs, scores, found.tolist())]
+
+    def _query_terms(self, words: list[str]) -> tuple[list[int], list[int]]:
+        """(term ids, counts) of a query as the scores add them up: okapi every known word again in query order
+        (rank-bm25's sum; counts 1), lucene each distinct word once in first-occurrence order with its count (the
+        weight count * idf in float32: Anserini's bag of words, BM25Scorer.weight)."""
+        if self.variant == "okapi":
+            terms = [t for t in map(self.vocab.get, words) if t is not None]
+            return terms, [1] * len(terms)
+        pairs = [(t, c) for w, c in Counter(words).items() if (t := self.vocab.get(w)) is not None]
+        return [t for t, _ in pairs], [c for _, c in pairs]
+
+    def _top_numpy(self, words: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`top` in numpy (the path without numba): (passages [<=k] int, scores [<=k] float64), exactly
         `top_k(get_scores(words), k)` and those scores, bit for bit, but from the query's posting lists alone when
-        they are short. The dense path costs O(D) per query (a [D] score vector and a pass over it for the top k);
-        this one O(n log n) in the n postings the query touches (a name: tens to hundreds). Measured on synthetic
-        1M-passage indexes (benchmarks/bench_retrieval_scale.py): 16x faster for names, 3.6x for question words.
-        Each candidate's terms are added in the dense path's order (np.bincount adds its weights in input order,
-        starting from 0.0), so every score is the same float. When n > D / 8 the dense path is the cheaper one and
-        is taken."""
-        if self.variant == "okapi":  # every word again, in query order (rank-bm25's sum)
-            terms = [(t, None) for t in map(self.vocab.get, words) if t is not None]
-        else:  # each distinct word once, weighted by its count (Anserini's bag of words)
-            terms = [(t, np.float32(c) * self.idf[t]) for w, c in Counter(words).items()
-                     if (t := self.vocab.get(w)) is not None]
-        n = sum(int(self.indptr[t + 1] - self.indptr[t]) for t, _ in terms)
-        if n * 8 > self.num_docs:
+        they are short: O(n log n) in the n postings the query touches (a name: tens to hundreds) instead of O(D).
+        Each candidate's terms are added in get_scores' order (np.bincount adds its weights in input order, from
+        0.0), so every score is the same float. When n > D / 8 the dense path (get_scores) is the cheaper one."""
+        terms = self._query_terms(words)[0]
+        if sum(int(self.indptr[t + 1] - self.indptr[t]) for t in terms) * 8 > self.num_docs:
             scores = self.get_scores(words)  # [D]
             order = top_k(scores, k)
             return order, scores[order]
         if not terms:
             return np.zeros(0, np.int64), np.zeros(0)
-        spans = [(slice(self.indptr[t], self.indptr[t + 1]), weight) for t, weight in terms]
-        docs = np.concatenate([self.docs[span] for span, _ in spans])  # [n] passages, word after word
-        parts = [self.values[span] if weight is None else weight - weight / (np.float32(1) + self.values[span])
-                 for span, weight in spans]  # [n] each posting's term score, float64 (okapi) or float32 (lucene)
-        cand, slot = np.unique(docs, return_inverse=True)  # [c] touched passages, ascending; [n] each posting's slot
-        sums = np.bincount(slot, weights=np.concatenate(parts).astype(np.float64), minlength=len(cand))  # [c]
+        docs, term_scores = zip(*self._postings(words))  # each [n_t], word after word
+        cand, slot = np.unique(np.concatenate(docs), return_inverse=True)  # [c] passages, ascending; [n] their slots
+        sums = np.bincount(slot, weights=np.concatenate(term_scores).astype(np.float64), minlength=len(cand))  # [c]
         if self.variant == "lucene":
             sums = sums.astype(np.float32).astype(np.float64)  # rounded to float32 once, as get_scores
         order = top_k(sums, k)  # positions in cand: ties by position = by passage order
         return cand[order], sums[order]
-
-    def save(self, path: Path):
-        """Write the index as one .npz, atomically (temp file in the same folder, then rename). Raises OSError (a
-        read-only or full disk, a file where the folder should be) after removing the temp file."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        words = np.frombuffer("\n".join(self.vocab).encode("utf-8"), dtype=np.uint8)  # no word holds a newline
-        idf = np.zeros(0, np.float32) if self.idf is None else self.idf
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                np.savez(f, vocab=words, indptr=self.indptr, docs=self.docs, values=self.values,
-                         num_docs=self.num_docs, variant=np.array(self.variant), idf=idf)
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # no half-written index left to fill the disk
-            raise
-
-    @classmethod
-    def load(cls, path: Path) -> "SparseBM25":
-        """Read an index written by `save`. Raises OSError if the file cannot be opened, and ValueError "<path>: damaged
-        index file (...)" for anything else np.load and the checks below can hit on a truncated, garbage or foreign
-        file (a zip's CRC catches flipped bits too), so that callers can rebuild on one exception type."""
-        try:
-            with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
-                words = z["vocab"].tobytes().decode("utf-8").split("\n")
-                variant = str(z["variant"])
-                index = cls({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["values"],
-                            int(z["num_docs"]), variant, z["idf"] if variant == "lucene" else None)
-        except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
-            raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
-        if (len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.values)
-                or variant not in BM25_VARIANTS or (variant == "lucene" and len(index.idf) != len(words))):
-            raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
-        return index
-
-
-def index_cache_file(corpus_path, k1: float, b: float, cache_dir, bm25: str, analyzer: str) -> Path:
-    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers the corpus file's
-    absolute path, size and modification time (as make and rsync judge a file changed), the BM25 variant and
-    parameters, and the analyzer with what decides its words (Python's Unicode tables; for "english" also the regex
-    and nltk versions): editing or replacing the corpus, or changing any of those, misses the cache. Each variant and
-    analyzer has its own file name, so indexes of one corpus under different scorings live side by side."""
-    path = Path(corpus_path).resolve()
-    st = path.stat()
-    key = json.dumps([st.st_size, st.st_mtime_ns, k1, b, bm25, analyzer, analyzer_version(analyzer), INDEX_VERSION])
-
-    def digest(text: str) -> str:
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    return Path(cache_dir) / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
-
-
-def analyzer_version(analyzer: str) -> list[str]:
-    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower, \\w) and, for
-    "english", of the regex module (word boundaries) and nltk (the stemmer)."""
-    versions = [unicodedata.unidata_version]
-    if analyzer == "english":
-        versions += [regex.__version__, importlib.metadata.version("nltk")]
-    return versions
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -347,6 +381,56 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
         kth = np.partition(scores[cand], len(cand) - k)[len(cand) - k]  # the k-th largest score
         cand = cand[scores[cand] >= kth]  # keeps every passage tied with it, still in passage order
     return cand[np.argsort(-scores[cand], kind="stable")[:k]]
+
+
+@functools.cache
+def _compiled():
+    """(`_search_queries` compiled by numba and cached on disk in __pycache__, nogil so that threads run it in
+    parallel; a pool of threads, one per CPU core this process may run on; their number)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numba
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return numba.njit(cache=True, nogil=True)(_search_queries), ThreadPoolExecutor(cores), cores
+
+
+def _search_queries(indptr, docs, values64, values32, qptr, qterms, qweights, lucene, out_docs, out_scores, acc, seen,
+                    first, step):
+    """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being terms
+    qterms[qptr[q]:qptr[q+1]] with float32 weights qweights (lucene), into rows q of out_docs [Q, k] (-1 filled) and
+    out_scores [Q, k] (zeros); scratch acc [D] float64 and seen [D] bool, zeros, left so. values64 (okapi) or values32
+    (lucene) [nnz]: the index's values, the other one empty. Sums and ties as get_scores and top_k: okapi adds float64
+    values word after word from 0.0; lucene adds float32 term scores w - w / (1 + value) in float64, rounded to
+    float32 once; the <= k best scores > 0, ties by passage order."""
+    k, one = out_docs.shape[1], np.float32(1)
+    for q in range(first, len(qptr) - 1, step):
+        n = 0
+        for j in range(qptr[q], qptr[q + 1]):
+            n += indptr[qterms[j] + 1] - indptr[qterms[j]]
+        touched, m = np.empty(min(n, len(acc)), np.int64), 0  # [m] passages touched, in order of first touch
+        for j in range(qptr[q], qptr[q + 1]):
+            w = qweights[j]
+            for i in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
+                d = docs[i]
+                if not seen[d]:
+                    seen[d], touched[m], m = True, d, m + 1
+                acc[d] += np.float64(w - w / (one + values32[i])) if lucene else values64[i]  # Lucene's float32 term
+        top_docs, top_scores = out_docs[q], out_scores[q]  # [k] best first
+        filled, worst, worst_doc = 0, 0.0, 0  # the k-th best so far (0.0 until k are found: scores must be > 0)
+        for d in touched[:m]:
+            s = np.float64(np.float32(acc[d])) if lucene else acc[d]  # lucene: the sum rounded once
+            acc[d], seen[d] = 0.0, False  # left as found, for the next query
+            if s < worst or (s == worst and (filled < k or d > worst_doc)):
+                continue  # not among the k best (ties by passage order)
+            i = min(filled, k - 1)  # insert (s, d) into the best-first slots, shifting the worse ones down
+            while i > 0 and (top_scores[i - 1] < s or (top_scores[i - 1] == s and top_docs[i - 1] > d)):
+                top_docs[i], top_scores[i] = top_docs[i - 1], top_scores[i - 1]
+                i -= 1
+            top_docs[i], top_scores[i] = d, s
+            filled = min(filled + 1, k)
+            if filled == k:
+                worst, worst_doc = top_scores[k - 1], top_docs[k - 1]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

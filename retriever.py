@@ -40,20 +40,27 @@ Run (CORPUS.jsonl: your corpus, rows as above):
 """
 
 import argparse
+import hashlib
 import http.client
+import importlib.metadata
+import importlib.util
 import json
 import os
+import pickle
 import sys
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from pathlib import Path
 
+import numpy as np
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
-from bm25 import ANALYZERS, BM25_VARIANTS, DEFAULT_ANALYZER, SparseBM25, index_cache_file, top_k
+from bm25 import ANALYZERS, BM25_VARIANTS, DEFAULT_ANALYZER, INDEX_VERSION, SparseBM25, top_k
 from data import DEMO_CORPUS, load_corpus
 
 SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
@@ -123,7 +130,7 @@ class BM25Retriever:
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
         file = index_cache_file(path, k1, b, cache_dir, bm25, analyzer)
         try:
-            index = SparseBM25.load(file) if file.is_file() else None
+            index = load_index(file) if file.is_file() else None
         except (OSError, ValueError) as err:  # a damaged file (killed writer, full disk, copy): rebuild it
             print(f"warning: rebuilding the unreadable BM25 index cache: {err}", file=sys.stderr)
             index = None
@@ -133,7 +140,7 @@ class BM25Retriever:
         try:  # the cache is optional: a read-only or full cache folder costs the next run the indexing, nothing more
             for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus and variant's stale ones
                 old.unlink(missing_ok=True)
-            retriever.bm25.save(file)
+            save_index(retriever.bm25, file)
         except OSError as err:
             print(f"warning: BM25 index cache not written to {file.parent} ({err.strerror or err}); going on without "
                   "it (the next run indexes this corpus again)", file=sys.stderr)
@@ -148,21 +155,15 @@ class BM25Retriever:
         `queries` is a single string.
         """
         check_request(queries, topk)
-        results = []
-        for query in queries:  # one at a time, as Search-R1's BM25 _batch_search loops
-            words = self.analyze(query)
-            if not words:
-                results.append([])  # NOTE(departure 2): an empty, whitespace or stop-word query -> no hits
-                continue
-            if isinstance(self.bm25, SparseBM25):  # from the query's posting lists: the same hits, sub-linear in D
-                order, scores = self.bm25.top(words, topk)
-            else:
-                scores = self.bm25.get_scores(words)  # [D]
-                order = top_k(scores, topk)  # [<=topk] best first, ties by passage order; NOTE(departure 2): score > 0
-                scores = scores[order]
-            # NOTE(departure 1): doc and score travel together, so they can never misalign or exceed topk (P23).
-            results.append([self._hit(i, score) for i, score in zip(order, scores)])
-        return results
+        words = [self.analyze(query) for query in queries]  # [Q] word lists
+        live = [w for w in words if w]  # NOTE(departure 2): no word (empty, whitespace, stop words) -> no hits
+        if isinstance(self.bm25, SparseBM25):  # a turn's queries in one call, each from its posting lists
+            tops = iter(self.bm25.top_many(live, topk))
+        else:  # rank-bm25: one [D] score vector per query, as Search-R1's BM25 _batch_search loops
+            tops = ((order, scores[order]) for scores in map(self.bm25.get_scores, live)
+                    for order in [top_k(scores, topk)])  # [<=topk] best first; NOTE(departure 2): score > 0
+        # NOTE(departure 1): doc and score travel together, so they can never misalign or exceed topk (P23).
+        return [[self._hit(i, score) for i, score in zip(*next(tops))] if w else [] for w in words]
 
     def _hit(self, i: int, score: float) -> dict:
         row = self.corpus[i]
@@ -170,6 +171,67 @@ class BM25Retriever:
 
     def __str__(self):
         return f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, {self.engine} engine)"
+
+
+def index_cache_file(corpus_path, k1: float, b: float, cache_dir, bm25: str, analyzer: str) -> Path:
+    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers the corpus file's
+    absolute path, size and modification time (as make and rsync judge a file changed), the BM25 variant and
+    parameters, and the analyzer with what decides its words (Python's Unicode tables; for "english" also the regex
+    and nltk versions): editing or replacing the corpus, or changing any of those, misses the cache. Each variant and
+    analyzer has its own file name, so indexes of one corpus under different scorings live side by side."""
+    path = Path(corpus_path).resolve()
+    st = path.stat()
+    key = json.dumps([st.st_size, st.st_mtime_ns, k1, b, bm25, analyzer, analyzer_version(analyzer), INDEX_VERSION])
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    return Path(cache_dir) / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
+
+
+def analyzer_version(analyzer: str) -> list[str]:
+    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower, \\w) and, for
+    "english", of the regex module (word boundaries) and nltk (the stemmer)."""
+    versions = [unicodedata.unidata_version]
+    if analyzer == "english":
+        stemmer = importlib.util.find_spec("Stemmer") and importlib.metadata.version("PyStemmer")
+        versions += [importlib.metadata.version("regex"), importlib.metadata.version("nltk"), f"PyStemmer {stemmer}"]
+    return versions
+
+
+def save_index(index: SparseBM25, path: Path):
+    """Write a sparse index as one .npz, atomically (temp file in the same folder, then rename). Raises OSError (a
+    read-only or full disk, a file where the folder should be) after removing the temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    words = np.frombuffer("\n".join(index.vocab).encode("utf-8"), dtype=np.uint8)  # no word holds a newline
+    idf = np.zeros(0, np.float32) if index.idf is None else index.idf
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, vocab=words, indptr=index.indptr, docs=index.docs, values=index.values,
+                     num_docs=index.num_docs, variant=np.array(index.variant), idf=idf)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written index left to fill the disk
+        raise
+
+
+def load_index(path: Path) -> SparseBM25:
+    """Read an index written by `save_index`. Raises OSError if the file cannot be opened, and ValueError "<path>:
+    damaged index file (...)" for anything else np.load and the checks below can hit on a truncated, garbage or
+    foreign file (a zip's CRC catches flipped bits too), so that callers can rebuild on one exception type."""
+    try:
+        with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
+            words = z["vocab"].tobytes().decode("utf-8").split("\n")
+            variant = str(z["variant"])
+            index = SparseBM25({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["values"],
+                               int(z["num_docs"]), variant, z["idf"] if variant == "lucene" else None)
+    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
+    if (len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.values)
+            or variant not in BM25_VARIANTS or (variant == "lucene" and len(index.idf) != len(words))):
+        raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
+    return index
 
 
 class BadAnswer(ValueError, OSError):

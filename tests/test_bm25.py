@@ -13,6 +13,7 @@ differently; and a tolerance would let the "float64" mistake of test_lucene_refe
 import base64
 import json
 import math
+import random
 import re
 import shutil
 import struct
@@ -27,9 +28,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import bm25  # noqa: E402
 from bm25 import (  # noqa: E402
     BM25_VARIANTS, LUCENE_STOP_WORDS, SparseBM25, english_analyze, java_lower, lucene_doc_length, standard_tokenize,
-    tokenize, top_k,
+    tokenize, top_k, uax29_tokenize,
 )
 from data import DEMO_CORPUS, load_corpus  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
@@ -245,6 +247,72 @@ def test_english_analyzer_parts():
     assert standard_tokenize("x" * 600) == ["x" * 255, "x" * 255, "x" * 90]  # StandardTokenizer's maxTokenLength
     assert english_analyze("") == english_analyze(" ?! -- ") == english_analyze("The of, and to!") == []
     assert tokenize("Who founded X-Men's?") == ["who", "founded", "x", "men", "s"]  # the okapi ("words") analyzer
+
+
+def sample_texts() -> list[str]:
+    """Every passage and question of tests/fixtures/qa_sample (real text: 600 passages, 200 questions)."""
+    return [r["contents"] for r in load_corpus(QA_SAMPLE / "corpus.jsonl")] + real_questions(200)
+
+
+def test_fast_tokenizer_gives_the_unicode_words():
+    """standard_tokenize (Python's re on ASCII, the regex module on pieces with other characters) gives the words of
+    uax29_tokenize (the regex module's UAX #29 boundaries alone) on real text and on 20,000 fuzzed strings, dense in
+    what the fast path must get right: ASCII words joined across : . ' , ; (U.S., 3.14, 1,000, it's), "_", spaces and
+    control characters, and non-ASCII letters, combining marks, joiners and format characters, also right after a
+    space, where UAX #29 binds them to it."""
+    rng = np.random.default_rng(0)
+    ascii_parts = list("abcXYZ019_:.',;-/ \t\n\r\x0b\x0c\x1c\"!?()") + ["U.S.", "1,0", "it's", "a:b", "3.14", "__"]
+    other = ["é", "\u0301", "\u0300", "\u200d", "\u00ad", "\u00a0", "\u2019", "\u2018", "\u4e2d", "\u0e01\u0e02",
+             "\U0001f600", "\U0001f44d\U0001f3fd", "\uff53", "\u2060", "\u0663", "\u3000", "\u2028", "\x85", "\u00df",
+             "\u0130", "\u05d0", "\u05f3", "\u30ab\u30fc", "\u200b", "\ufeff", "\U0001f1eb\U0001f1f7", "\uff0e", "\u2024"]
+    texts = sample_texts()
+    for i in range(20_000):
+        parts = ascii_parts if i % 2 else ascii_parts + other
+        texts.append("".join(parts[j] for j in rng.integers(0, len(parts), size=rng.integers(0, 30))))
+    assert sum(t.isascii() for t in texts) > 10_000 and sum(not t.isascii() for t in texts) > 8_000
+    for text in texts:
+        assert standard_tokenize(text) == uax29_tokenize(text), repr(text)
+
+
+def test_fast_stemmer_gives_martin_porters_stems():
+    """bm25._porter_stem (PyStemmer's Snowball "porter" where it agrees with Martin Porter's code, NLTK's
+    MARTIN_EXTENSIONS elsewhere) gives NLTK's stem for every word of the real sample and 10,000 fuzzed words built
+    from Porter's suffixes (those where the two algorithms differ, -bli -logi, double consonants, 1-2 letters,
+    among them); without PyStemmer, _porter_stem is NLTK's alone."""
+    from nltk.stem.porter import PorterStemmer
+
+    martin = PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS)
+    stem = bm25._porter_stem()
+    words = {java_lower(w) for t in sample_texts() for w in standard_tokenize(t)}
+    rng = random.Random(0)
+    suffixes = ("ing ed ation ational izer bli logi alli entli eli ousli ization ator alism iveness fulness ousness "
+                "aliti iviti biliti icate ative alize iciti ical ful ness al ance ence er ic able ible ant ement ment "
+                "ent ion sion tion ou ism ate iti ous ive ize s ss ies sses eed y e ll l abli ly li ey ying ied").split()
+    for _ in range(10_000):
+        stem_part = "".join(rng.choice("bcdfghjklmnpqrstvwxyz") * rng.choice([1, 1, 2]) + rng.choice("aeiouy")
+                            for _ in range(3))
+        words.add(stem_part[:rng.randrange(7)] + "".join(rng.choices(suffixes, k=rng.randrange(3))))
+    words.discard("")
+    assert len(words) > 10_000
+    assert [w for w in words if stem(w) != martin.stem(w, to_lowercase=False)] == []
+    bm25._porter_stem.cache_clear()
+    real_find_spec = bm25.importlib.util.find_spec
+    try:
+        bm25.importlib.util.find_spec = lambda name: None if name == "Stemmer" else real_find_spec(name)
+        assert bm25._porter_stem()("relational") == "relat"  # NLTK alone
+    finally:
+        bm25.importlib.util.find_spec = real_find_spec
+        bm25._porter_stem.cache_clear()
+
+
+def test_english_analyzer_forgets_words_past_its_bound(monkeypatch):
+    """english_analyze remembers at most MAX_CACHED_WORDS analyzed words (then starts afresh), with the same words."""
+    texts = sample_texts()[:100]
+    expected = [english_analyze(t) for t in texts]
+    monkeypatch.setattr(bm25, "MAX_CACHED_WORDS", 50)
+    bm25._ENGLISH_WORDS.clear()
+    assert [english_analyze(t) for t in texts] == expected
+    assert 0 < len(bm25._ENGLISH_WORDS) <= 50
 
 
 def int_to_byte4(i: int) -> int:
@@ -618,11 +686,18 @@ def test_lucene_itself_on_the_real_corpus(tmp_path, real_lucene):
 # --- sub-linear top-k: the query's posting lists alone give the dense path's hits, bit for bit ------------------------
 
 
+NUMBA = pytest.param("numba", marks=pytest.mark.skipif(not bm25.NUMBA, reason="numba is not installed"))
+
+
+@pytest.mark.parametrize("engine", [NUMBA, "numpy"])
 @pytest.mark.parametrize("variant", BM25_VARIANTS)
-def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant):
+def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant, engine, monkeypatch):
     """SparseBM25.top == top_k(get_scores) with the same float scores, on both of its paths: short posting lists
     (names, rare words: the sub-linear path) and long ones (n > D / 8: the dense path), with repeated and unknown
-    words and exact ties (every passage twice)."""
+    words and exact ties (every passage twice); compiled by numba (forced on this small corpus; one path) and in
+    numpy (both paths); and top_many of all the queries at once (in threads, with numba) == top of each."""
+    monkeypatch.setattr(bm25, "NUMBA", engine == "numba")
+    monkeypatch.setattr(bm25, "NUMBA_FROM", 0)
     sys.path.insert(0, str(REPO / "scripts"))
     import search_world
 
@@ -638,13 +713,34 @@ def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant):
         n = sum(int(index.indptr[index.vocab[w] + 1] - index.indptr[index.vocab[w]]) for w in q if w in index.vocab)
         paths["dense" if n * 8 > index.num_docs else "postings"] += 1
         scores = index.get_scores(q)
-        for k in (1, 3, 10):
+        for k in (1, 3, 10, 40):
             order, top = index.top(q, k)
             assert order.tolist() == top_k(scores, k).tolist() and \
                 np.array_equal(top, scores[order]), (q, k)  # exact: ids; scores bit for bit, the claim
     assert paths["dense"] >= 5 and paths["postings"] >= 200, paths  # both paths were checked
+    for k in (1, 3, 10):
+        for (order, top), q in zip(index.top_many(queries + [[]], k), queries + [[]], strict=True):
+            expected = index.top(q, k)
+            assert order.tolist() == expected[0].tolist() and np.array_equal(top, expected[1]), (q, k)  # exact
+    texts = ["Lyon", "", "born town", "the of is", "zebra", "Rhone Lyon Lyon"]  # a turn's searches, some empty
+    assert retriever.search(texts, 3) == [retriever.search([t], 3)[0] for t in texts]  # exact: the same hits
     hits = retriever.search(["Lyon"], topk=5)[0]
     assert [h["document"]["id"] for h in hits] == ["b", "g"] and hits[0]["score"] == hits[1]["score"]  # exact: tie
+
+
+@pytest.mark.parametrize("variant", BM25_VARIANTS)
+def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkeypatch):
+    """On the real sample (600 passages, 200 questions): top_many of all the questions at once, compiled by numba
+    (forced: the sample is below NUMBA_FROM) and in numpy, == top_k(get_scores) of each, ids and scores bit for bit."""
+    monkeypatch.setattr(bm25, "NUMBA_FROM", 0)
+    retriever = BM25Retriever(load_corpus(QA_SAMPLE / "corpus.jsonl"), bm25=variant, engine="sparse")
+    index, queries = retriever.bm25, [retriever.analyze(q) for q in real_questions(200)]
+    for k in (1, 3, 10):
+        expected = [(top_k(scores, k), scores) for scores in map(index.get_scores, queries)]
+        for numba in ([True, False] if bm25.NUMBA else [False]):
+            monkeypatch.setattr(bm25, "NUMBA", numba)
+            for (order, top), (want, scores) in zip(index.top_many(queries, k), expected, strict=True):
+                assert order.tolist() == want.tolist() and np.array_equal(top, scores[want]), (numba, k)  # exact
 
 
 def test_scale_benchmark_runs_and_finds_the_same_hits():

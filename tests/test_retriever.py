@@ -23,10 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import retriever as retriever_module  # noqa: E402
-from bm25 import BM25_VARIANTS, DEFAULT_ANALYZER, SparseBM25, index_cache_file  # noqa: E402
+from bm25 import BM25_VARIANTS, DEFAULT_ANALYZER, SparseBM25  # noqa: E402
 from checkpoint import io_errors_stop_the_run  # noqa: E402
 from data import load_corpus  # noqa: E402
-from retriever import BadAnswer, BM25Retriever, RemoteRetriever, make_retriever  # noqa: E402
+from retriever import (  # noqa: E402
+    BadAnswer, BM25Retriever, RemoteRetriever, index_cache_file, load_index, make_retriever,
+)
 from test_bm25 import LUCENE_QUERIES, LUCENE_TOY, QA_SAMPLE, TOY, brute_force_bm25  # noqa: E402
 
 def check_p23_shape(hits, k):
@@ -243,7 +245,7 @@ def test_damaged_index_cache_is_rebuilt_with_one_warning(tmp_path, capsys, damag
     assert rebuilt.search(["France capital", "Troy"], 5) == expected  # exact: the same index, rebuilt here
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("warning: rebuilding") and f"{file}: damaged index file" in err[0], err
-    assert SparseBM25.load(file).num_docs == len(TOY)  # rewritten whole
+    assert load_index(file).num_docs == len(TOY)  # rewritten whole
 
 
 def test_an_unwritable_index_cache_is_one_warning_and_the_run_goes_on(tmp_path, capsys, monkeypatch, cache_small):
