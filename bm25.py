@@ -2,9 +2,8 @@
 
 A passage's text becomes words through an analyzer (`ANALYZERS`); `SparseBM25.build` stores, for each word, the
 passages that hold it (its posting list) with each one's precomputed term score, so a query adds up only the posting
-lists of its words. retriever.BM25Retriever searches with it, and caches each built index on disk
-(retriever.index_cache_file). Two variants (`BM25_VARIANTS`, train.py and evaluate.py `--bm25`; SparseBM25 has the
-formulas):
+lists of its words. retriever.BM25Retriever searches with it (and caches each built index on disk). Two variants
+(`BM25_VARIANTS`, train.py and evaluate.py `--bm25`; SparseBM25 has the formulas):
   * "lucene" (default): what Search-R1's BM25 baseline runs, pyserini's LuceneSearcher over wiki-18 with Anserini's
     defaults: Lucene's BM25Similarity (idf ln(1 + (N - df + 0.5) / (df + 0.5)), k1=0.9, b=0.4, no (k1 + 1) factor, in
     float32) over Lucene's English analysis (UAX #29 words, possessive 's removed, lower-cased, 33 stop words, Porter
@@ -35,12 +34,13 @@ Run `python bm25.py` for a demo: both analyzers on one question, both variants' 
 
 import functools
 import importlib.util
+import itertools
 import math
 import os
 import re
 import threading
-from array import array
-from collections import Counter, defaultdict
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import regex
@@ -48,8 +48,8 @@ import regex
 # numba compiles the search loop (`_search_queries`, imported on the first search); without it SparseBM25 searches with
 # numpy, the same floats. Set NUMBA = False for the numpy path (benchmarks/speed_retrieval.py compares the two).
 NUMBA = importlib.util.find_spec("numba") is not None
-NUMBA_FROM = 2_000  # top_many compiles from this many passages: below, numpy takes < 0.2 ms a query, less than numba
-# saves in the ~0.7 s that importing it and loading the compiled loop cost a process
+NUMBA_FROM = 2_000  # top_many compiles from this many passages (below, numba saves less than its ~0.7 s import)
+_NO_IDF = np.zeros(0, np.float32)  # the idf top_many passes the compiled loop for okapi (its idf is in its values)
 
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
 DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
@@ -134,7 +134,7 @@ def java_lower(word: str) -> str:
 # has "bli" -> "ble" and "logi" -> "log", undoubles any final double consonant but l, s, z (Snowball only bb dd ff gg mm
 # nn pp rr tt) and keeps 1-2 letter words. Words that could meet those rules, or hold anything but a-z, go to NLTK:
 # the rest stem the same (tests/test_bm25.py; all 68,278 words of our QA bundle), 10x faster.
-_NLTK_ONLY = re.compile(r"bl|log|cc|hh|jj|kk|qq|vv|ww|xx|yy|[^a-z]|^.{0,2}$")
+_NLTK_ONLY, _A_Z = re.compile(r"bl|log|cc|hh|jj|kk|qq|vv|ww|xx|yy|[^a-z]|^.{0,2}$"), re.compile("[a-z]")
 
 
 @functools.cache
@@ -151,24 +151,19 @@ def _porter_stem():
         return martin
     import Stemmer
 
-    snowball = Stemmer.Stemmer("porter").stemWord
-    return lambda word: martin(word) if _NLTK_ONLY.search(word) else snowball(word)
-
-
-def _english_word(word: str) -> str:
-    """One StandardTokenizer word through the English filters: "" for a stop word, else its stem."""
-    word = java_lower(word[:-2] if word.endswith(_POSSESSIVE) else word)  # EnglishPossessiveFilter, LowerCaseFilter
-    return "" if word in LUCENE_STOP_WORDS else _porter_stem()(word)
+    snowball = Stemmer.Stemmer("porter").stemWord  # and a word without a-z has no suffix to strip: kept as it is
+    return lambda word: snowball(word) if not _NLTK_ONLY.search(word) else martin(word) if _A_Z.search(word) else word
 
 
 class _EnglishWords(dict):
-    """word -> _english_word(word): each distinct word is analyzed once, a dict look-up per token after that. Emptied
-    when it holds MAX_CACHED_WORDS words (~20 MB), so a large corpus's vocabulary does not stay resident."""
+    """word -> "" for a stop word, else its stem: each distinct word is analyzed once, a dict look-up per token
+    after that. Emptied at MAX_CACHED_WORDS words (~20 MB), so a large corpus's vocabulary does not stay resident."""
 
     def __missing__(self, word: str) -> str:
         if len(self) >= MAX_CACHED_WORDS:
             self.clear()
-        self[word] = stem = _english_word(word)
+        low = java_lower(word[:-2] if word.endswith(_POSSESSIVE) else word)  # EnglishPossessiveFilter, LowerCaseFilter
+        self[word] = stem = "" if low in LUCENE_STOP_WORDS else _porter_stem()(low)
         return stem
 
 
@@ -239,17 +234,16 @@ class SparseBM25:
         okapi idf floor (rank-bm25's default); Lucene's idf is always > 0 and has none."""
         vocab = defaultdict()  # term ids in order of first occurrence: the order rank-bm25 sums its idfs in
         vocab.default_factory = vocab.__len__  # an unseen word gets the next id
-        terms, tfs, doc_len, distinct = array("i"), array("i"), [], []  # compact 4-byte buffers: nnz reaches 1e8
-        for words in tokenized:
-            counts = Counter(words)  # insertion order = first occurrence
-            terms.extend(map(vocab.__getitem__, counts))
-            tfs.extend(counts.values())
-            doc_len.append(len(words))
-            distinct.append(len(counts))
-        D = len(doc_len)
-        terms = np.frombuffer(terms, dtype=np.int32)  # [nnz]
-        tf = np.frombuffer(tfs, dtype=np.int32).astype(np.int64)  # [nnz]
-        doc = np.repeat(np.arange(D, dtype=np.int32), distinct)  # [nnz] passage of each (word, passage) pair
+        tokenized, keys, tfs, doc_len = iter(tokenized), [], [], []
+        while chunk := list(itertools.islice(tokenized, 1 << 16)):  # 65,536 passages at a time: bounded memory
+            ids = np.array(list(map(vocab.__getitem__, itertools.chain.from_iterable(chunk))), np.int64)  # [tokens]
+            doc = np.repeat(np.arange(len(doc_len), len(doc_len) + len(chunk)), list(map(len, chunk)))  # [tokens]
+            key, tf = np.unique(doc << 32 | ids, return_counts=True)  # [pairs] (passage, word) pairs and counts
+            keys.append(key)
+            tfs.append(tf)
+            doc_len += map(len, chunk)
+        D, key, tf = len(doc_len), np.concatenate(keys), np.concatenate(tfs)  # [nnz] each
+        terms, doc = (key & 0xFFFFFFFF).astype(np.int32), (key >> 32).astype(np.int32)  # [nnz] word, passage
         df = np.bincount(terms, minlength=len(vocab))  # [V] passages containing each word
         if variant == "okapi":
             values, idf = cls._okapi_impacts(terms, tf, doc, df, doc_len, k1, b, epsilon), None
@@ -315,7 +309,7 @@ class SparseBM25:
         """[Q] (passages [<=k] int64, scores [<=k] float64) of Q tokenized queries (a turn's searches), each exactly
         `top_k(get_scores(words), k)` with those scores, bit for bit. With numba (NUMBA), one compiled call
         (`_search_queries`) per thread, the queries spread over one thread per CPU core; without, `_top_numpy` query
-        by query. Either way a query touches only its words' posting lists."""
+        by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8."""
         if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
             return [self._top_numpy(words, k) for words in queries]
         terms, counts, qptr = [], [], [0]
@@ -323,22 +317,18 @@ class SparseBM25:
             t, c = self._query_terms(words)
             terms, counts = terms + t, counts + c
             qptr.append(len(terms))
-        Q, lucene, (search, pool, cores) = len(queries), self.variant == "lucene", _compiled()
-        terms = np.array(terms, np.int64)  # [n_terms] all queries' terms, query q's at qptr[q]:qptr[q+1]
-        weights = np.array(counts, np.float32) * (self.idf[terms] if lucene else np.float32(0))  # BM25Scorer.weight
-        docs, scores = np.full((Q, k), -1, np.int64), np.zeros((Q, k))  # [Q, k] filled by _search_queries
-        values64, values32 = (np.zeros(0), self.values) if lucene else (self.values, np.zeros(0, np.float32))
-        args = (self.indptr, self.docs, values64, values32, np.array(qptr, np.int64), terms, weights, lucene, docs,
-                scores)
+        Q, (search, pool, cores), idf = len(queries), _compiled(), self.idf if self.idf is not None else _NO_IDF
+        docs, scores, found = np.full((Q, k), -1, np.int64), np.zeros((Q, k)), np.zeros(Q, np.int64)  # [Q, k], [Q]
+        args = (self.indptr, self.docs, self.values, idf, *(np.array(a, np.int64) for a in (qptr, terms, counts)),
+                self.variant == "lucene", docs, scores, found)  # query q's terms and counts at qptr[q]:qptr[q+1]
         threads = min(Q, cores)
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
-            if self._scratch is None or len(self._scratch[0]) < threads:
-                self._scratch = (np.zeros((threads, self.num_docs)), np.zeros((threads, self.num_docs), np.bool_))
+            if self._scratch is None or len(self._scratch) < threads:
+                self._scratch = np.zeros((threads, self.num_docs))  # [T, D] each thread's score accumulator
             if threads == 1:
-                search(*args, *(a[0] for a in self._scratch), 0, 1)
+                search(*args, self._scratch[0], 0, 1)
             else:  # thread t takes queries t, t + T, ...: the compiled loop runs without the GIL
-                list(pool.map(lambda t: search(*args, *(a[t] for a in self._scratch), t, threads), range(threads)))
-        found = (docs >= 0).sum(axis=1)  # [Q] hits per query
+                list(pool.map(lambda t: search(*args, self._scratch[t], t, threads), range(threads)))
         return [(d[:n], s[:n]) for d, s, n in zip(docs, scores, found.tolist())]
 
     def _query_terms(self, words: list[str]) -> tuple[list[int], list[int]]:
@@ -348,7 +338,10 @@ class SparseBM25:
         if self.variant == "okapi":
             terms = [t for t in map(self.vocab.get, words) if t is not None]
             return terms, [1] * len(terms)
-        pairs = [(t, c) for w, c in Counter(words).items() if (t := self.vocab.get(w)) is not None]
+        counts = {}  # word -> count, in first-occurrence order (as Counter, faster on a few words)
+        for w in words:
+            counts[w] = counts.get(w, 0) + 1
+        pairs = [(t, c) for w, c in counts.items() if (t := self.vocab.get(w)) is not None]
         return [t for t, _ in pairs], [c for _, c in pairs]
 
     def _top_numpy(self, words: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -387,42 +380,44 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 def _compiled():
     """(`_search_queries` compiled by numba and cached on disk in __pycache__, nogil so that threads run it in
     parallel; a pool of threads, one per CPU core this process may run on; their number)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import numba
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return numba.njit(cache=True, nogil=True)(_search_queries), ThreadPoolExecutor(cores), cores
 
 
-def _search_queries(indptr, docs, values64, values32, qptr, qterms, qweights, lucene, out_docs, out_scores, acc, seen,
+def _search_queries(indptr, docs, values, idf, qptr, qterms, qcounts, lucene, out_docs, out_scores, out_found, acc,
                     first, step):
     """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being terms
-    qterms[qptr[q]:qptr[q+1]] with float32 weights qweights (lucene), into rows q of out_docs [Q, k] (-1 filled) and
-    out_scores [Q, k] (zeros); scratch acc [D] float64 and seen [D] bool, zeros, left so. values64 (okapi) or values32
-    (lucene) [nnz]: the index's values, the other one empty. Sums and ties as get_scores and top_k: okapi adds float64
-    values word after word from 0.0; lucene adds float32 term scores w - w / (1 + value) in float64, rounded to
-    float32 once; the <= k best scores > 0, ties by passage order."""
+    qterms[qptr[q]:qptr[q+1]] counted qcounts (lucene), into rows q of out_docs [Q, k] (-1 filled) and out_scores
+    [Q, k] (zeros) and their number of hits out_found[q]; scratch acc [D] float64 (zeros, left so). Sums and ties
+    as get_scores and top_k: okapi adds its float64 values word after word from 0.0; lucene adds its float32 term
+    scores w - w / (1 + value), w = count * idf, in float64, rounded to float32 once; the <= k best scores > 0, ties
+    by passage order. A passage whose sum is 0.0 is no hit: acc[d] == 0.0 marks one not yet touched."""
     k, one = out_docs.shape[1], np.float32(1)
     for q in range(first, len(qptr) - 1, step):
         n = 0
         for j in range(qptr[q], qptr[q + 1]):
             n += indptr[qterms[j] + 1] - indptr[qterms[j]]
-        touched, m = np.empty(min(n, len(acc)), np.int64), 0  # [m] passages touched, in order of first touch
+        dense = n * 8 > len(acc)  # as _top_numpy: then a pass over all D passages is cheaper than keeping a list
+        touched, m = np.empty(0 if dense else n, np.int64), 0  # [m] passages touched (a few twice: harmless)
         for j in range(qptr[q], qptr[q + 1]):
-            w = qweights[j]
+            w = np.float32(qcounts[j]) * idf[qterms[j]] if lucene else np.float32(0)  # BM25Scorer.weight
             for i in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
                 d = docs[i]
-                if not seen[d]:
-                    seen[d], touched[m], m = True, d, m + 1
-                acc[d] += np.float64(w - w / (one + values32[i])) if lucene else values64[i]  # Lucene's float32 term
+                if not dense and acc[d] == 0.0:
+                    touched[m], m = d, m + 1
+                acc[d] += np.float64(w - w / (one + values[i])) if lucene else values[i]  # Lucene's float32 term
         top_docs, top_scores = out_docs[q], out_scores[q]  # [k] best first
         filled, worst, worst_doc = 0, 0.0, 0  # the k-th best so far (0.0 until k are found: scores must be > 0)
-        for d in touched[:m]:
+        for j in range(len(acc) if dense else m):
+            d = j if dense else touched[j]
+            if dense and acc[d] <= worst:
+                continue  # then s <= worst: no hit (a dense pass meets passages in order: a tie comes too late)
             s = np.float64(np.float32(acc[d])) if lucene else acc[d]  # lucene: the sum rounded once
-            acc[d], seen[d] = 0.0, False  # left as found, for the next query
+            acc[d] = 0.0  # left as found, for the next query (a passage met again in touched: now 0.0, no hit)
             if s < worst or (s == worst and (filled < k or d > worst_doc)):
-                continue  # not among the k best (ties by passage order)
+                continue  # not among the k best (ties by passage order; 0.0 and below never are)
             i = min(filled, k - 1)  # insert (s, d) into the best-first slots, shifting the worse ones down
             while i > 0 and (top_scores[i - 1] < s or (top_scores[i - 1] == s and top_docs[i - 1] > d)):
                 top_docs[i], top_scores[i] = top_docs[i - 1], top_scores[i - 1]
@@ -431,6 +426,9 @@ def _search_queries(indptr, docs, values64, values32, qptr, qterms, qweights, lu
             filled = min(filled + 1, k)
             if filled == k:
                 worst, worst_doc = top_scores[k - 1], top_docs[k - 1]
+        out_found[q] = filled
+        if dense:
+            acc[:] = 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------
