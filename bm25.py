@@ -49,7 +49,6 @@ import regex
 # numpy, the same floats. Set NUMBA = False for the numpy path (benchmarks/speed_retrieval.py compares the two).
 NUMBA = importlib.util.find_spec("numba") is not None
 NUMBA_FROM = 2_000  # top_many compiles from this many passages (below, numba saves less than its ~0.7 s import)
-_NO_IDF = np.zeros(0, np.float32)  # the idf top_many passes the compiled loop for okapi (its idf is in its values)
 
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
 DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
@@ -225,7 +224,7 @@ class SparseBM25:
         self.num_docs = num_docs  # D
         self.variant = variant  # "okapi" or "lucene"
         self.idf = idf  # [V] float32 for "lucene"; None for "okapi" (the idf is inside its values)
-        self._scratch, self._lock = None, threading.Lock()  # top_many's [threads, D] accumulators, made on first use
+        self._scratch, self._lock, self._count1 = None, threading.Lock(), None  # top_many's, made on first use
 
     @classmethod
     def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25,
@@ -317,10 +316,14 @@ class SparseBM25:
             t, c = self._query_terms(words)
             terms, counts = terms + t, counts + c
             qptr.append(len(terms))
-        Q, (search, pool, cores), idf = len(queries), _compiled(), self.idf if self.idf is not None else _NO_IDF
+        if self.variant == "lucene" and self._count1 is None:  # term scores at count 1 (most query words): [nnz]
+            w = np.repeat(self.idf, np.diff(self.indptr))  # float32, by _postings' operations (4 bytes a posting)
+            self._count1 = w - w / (np.float32(1) + self.values)
+        lucene, (search, pool, cores), Q = self.variant == "lucene", _compiled(), len(queries)
         docs, scores, found = np.full((Q, k), -1, np.int64), np.zeros((Q, k)), np.zeros(Q, np.int64)  # [Q, k], [Q]
-        args = (self.indptr, self.docs, self.values, idf, *(np.array(a, np.int64) for a in (qptr, terms, counts)),
-                self.variant == "lucene", docs, scores, found)  # query q's terms and counts at qptr[q]:qptr[q+1]
+        args = (self.indptr, self.docs, self.values, self._count1 if lucene else self.values,
+                self.idf if lucene else self.values, *(np.array(a, np.int64) for a in (qptr, terms, counts)), lucene,
+                docs, scores, found)  # query q's terms and counts at qptr[q]:qptr[q+1]; okapi's idf: unused
         threads = min(Q, cores)
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
             if self._scratch is None or len(self._scratch) < threads:
@@ -378,22 +381,21 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 @functools.cache
 def _compiled():
-    """(`_search_queries` compiled by numba and cached on disk in __pycache__, nogil so that threads run it in
-    parallel; a pool of threads, one per CPU core this process may run on; their number)."""
+    """(`_search_queries` compiled by numba, nogil, cached in __pycache__; a thread per usable core; their number)."""
     import numba
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return numba.njit(cache=True, nogil=True)(_search_queries), ThreadPoolExecutor(cores), cores
 
 
-def _search_queries(indptr, docs, values, idf, qptr, qterms, qcounts, lucene, out_docs, out_scores, out_found, acc,
-                    first, step):
+def _search_queries(indptr, docs, values, count1, idf, qptr, qterms, qcounts, lucene, out_docs, out_scores, out_found,
+                    acc, first, step):
     """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being terms
     qterms[qptr[q]:qptr[q+1]] counted qcounts (lucene), into rows q of out_docs [Q, k] (-1 filled) and out_scores
     [Q, k] (zeros) and their number of hits out_found[q]; scratch acc [D] float64 (zeros, left so). Sums and ties
     as get_scores and top_k: okapi adds its float64 values word after word from 0.0; lucene adds its float32 term
-    scores w - w / (1 + value), w = count * idf, in float64, rounded to float32 once; the <= k best scores > 0, ties
-    by passage order. A passage whose sum is 0.0 is no hit: acc[d] == 0.0 marks one not yet touched."""
+    scores w - w / (1 + value), w = count * idf (count1 [nnz]: those at count 1), in float64, rounded to float32
+    once; the <= k best scores > 0, ties by passage order. A 0.0 sum is no hit: acc[d] == 0.0 marks untouched."""
     k, one = out_docs.shape[1], np.float32(1)
     for q in range(first, len(qptr) - 1, step):
         n = 0
@@ -403,11 +405,12 @@ def _search_queries(indptr, docs, values, idf, qptr, qterms, qcounts, lucene, ou
         touched, m = np.empty(0 if dense else n, np.int64), 0  # [m] passages touched (a few twice: harmless)
         for j in range(qptr[q], qptr[q + 1]):
             w = np.float32(qcounts[j]) * idf[qterms[j]] if lucene else np.float32(0)  # BM25Scorer.weight
+            once = not lucene or qcounts[j] == 1  # count1[i] is the term score (okapi: values itself)
             for i in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
                 d = docs[i]
                 if not dense and acc[d] == 0.0:
                     touched[m], m = d, m + 1
-                acc[d] += np.float64(w - w / (one + values[i])) if lucene else values[i]  # Lucene's float32 term
+                acc[d] += count1[i] if once else np.float64(w - w / (one + values[i]))  # Lucene's float32 term
         top_docs, top_scores = out_docs[q], out_scores[q]  # [k] best first
         filled, worst, worst_doc = 0, 0.0, 0  # the k-th best so far (0.0 until k are found: scores must be > 0)
         for j in range(len(acc) if dense else m):
