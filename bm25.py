@@ -39,6 +39,7 @@ import math
 import os
 import re
 import threading
+from array import array
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -235,7 +236,7 @@ class SparseBM25:
         vocab.default_factory = vocab.__len__  # an unseen word gets the next id
         tokenized, keys, tfs, doc_len = iter(tokenized), [], [], []
         while chunk := list(itertools.islice(tokenized, 1 << 16)):  # 65,536 passages at a time: bounded memory
-            ids = np.array(list(map(vocab.__getitem__, itertools.chain.from_iterable(chunk))), np.int64)  # [tokens]
+            ids = np.array(array("i", map(vocab.__getitem__, itertools.chain.from_iterable(chunk))), np.int64)
             doc = np.repeat(np.arange(len(doc_len), len(doc_len) + len(chunk)), list(map(len, chunk)))  # [tokens]
             key, tf = np.unique(doc << 32 | ids, return_counts=True)  # [pairs] (passage, word) pairs and counts
             keys.append(key)
@@ -311,11 +312,9 @@ class SparseBM25:
         by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8."""
         if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
             return [self._top_numpy(words, k) for words in queries]
-        terms, counts, qptr = [], [], [0]
-        for words in queries:
-            t, c = self._query_terms(words)
-            terms, counts = terms + t, counts + c
-            qptr.append(len(terms))
+        pairs = [self._query_terms(words) for words in queries]  # [Q] (term ids, counts)
+        qptr = np.cumsum([0] + [len(terms) for terms, _ in pairs])  # [Q+1]
+        terms, counts = ([x for pair in pairs for x in pair[i]] for i in (0, 1))  # all queries', one after another
         if self.variant == "lucene" and self._count1 is None:  # term scores at count 1 (most query words): [nnz]
             w = np.repeat(self.idf, np.diff(self.indptr))  # float32, by _postings' operations (4 bytes a posting)
             self._count1 = w - w / (np.float32(1) + self.values)

@@ -109,8 +109,7 @@ def build_bm25s(texts, variant, backend="numba"):
     lucene = variant == "lucene"
     tokens = bm25s.tokenize(texts, stopwords=sorted(LUCENE_STOP_WORDS) if lucene else None,
                             stemmer=Stemmer.Stemmer("porter") if lucene else None, show_progress=False)
-    engine = bm25s.BM25(method=BM25S_METHOD[variant], k1=0.9 if lucene else 1.5, b=0.4 if lucene else 0.75,
-                        backend=backend)
+    engine = bm25s.BM25(method=BM25S_METHOD[variant], k1=0.9, b=0.4, backend=backend)  # our k1, b (retriever.py)
     engine.index(tokens, show_progress=False)
     return engine, time.perf_counter() - t0
 
@@ -119,9 +118,7 @@ def bm25s_on_our_words(words: list[list[str]], variant: str, backend: str):
     """bm25s over our analyzer's words (the same posting lists as ours)."""
     import bm25s
 
-    lucene = variant == "lucene"
-    engine = bm25s.BM25(method=BM25S_METHOD[variant], k1=0.9 if lucene else 1.5, b=0.4 if lucene else 0.75,
-                        backend=backend)
+    engine = bm25s.BM25(method=BM25S_METHOD[variant], k1=0.9, b=0.4, backend=backend)  # our k1, b (retriever.py)
     engine.index(words, show_progress=False)
     return engine
 
