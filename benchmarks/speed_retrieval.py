@@ -242,6 +242,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the shipped sample, 1 repeat: a smoke run")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats = args.build_repeats = 1  # as run(quick=True)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs); "
           f"search: best of {args.repeats} interleaved repeats (median beside it), build: best of "
           f"{args.build_repeats}; ms/query", flush=True)
