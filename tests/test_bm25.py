@@ -721,7 +721,8 @@ def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant, engine, monkey
     for k in (1, 3, 10):
         for (order, top), q in zip(index.top_many(queries + [[]], k), queries + [[]], strict=True):
             expected = index.top(q, k)
-            assert order.tolist() == expected[0].tolist() and np.array_equal(top, expected[1]), (q, k)  # exact
+            assert order.tolist() == expected[0].tolist() and \
+                np.array_equal(top, expected[1]), (q, k)  # exact: ids; scores bit for bit, the claim
     texts = ["Lyon", "", "born town", "the of is", "zebra", "Rhone Lyon Lyon"]  # a turn's searches, some empty
     assert retriever.search(texts, 3) == [retriever.search([t], 3)[0] for t in texts]  # exact: the same hits
     hits = retriever.search(["Lyon"], topk=5)[0]
@@ -740,7 +741,8 @@ def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkey
         for numba in ([True, False] if bm25.NUMBA else [False]):
             monkeypatch.setattr(bm25, "NUMBA", numba)
             for (order, top), (want, scores) in zip(index.top_many(queries, k), expected, strict=True):
-                assert order.tolist() == want.tolist() and np.array_equal(top, scores[want]), (numba, k)  # exact
+                assert order.tolist() == want.tolist() and \
+                    np.array_equal(top, scores[want]), (numba, k)  # exact: ids; scores bit for bit, the claim
 
 
 def test_scale_benchmark_runs_and_finds_the_same_hits():
