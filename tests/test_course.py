@@ -133,7 +133,7 @@ def test_make_assignment_refuses_a_copy_that_quotes_a_body(tmp_path, monkeypatch
 def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student, tmp_path):
     # the fresh copy with only `llds` solved: llds_loss calls the action gate, which is blank here; the grader runs
     # it with our gate, so llds has full points and every other exercise 0 (all eight were graded blank in
-    # test_grader.py::test_module_level_code_never_runs)
+    # test_grader.py::test_attacks_from_inside_a_function_score_0)
     tree = modules_tree(tmp_path / "tree")
     for file in ("grpo.py", "llds.py", "rollout.py"):
         shutil.copy2(student / file, tree / file)
@@ -205,7 +205,8 @@ class FirstFailure:
 @pytest.mark.parametrize("wrong", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path, monkeypatch):
     # the graded tests run here, in this process, with the wrong function in place of ours (a grading of each would
-    # cost two processes: test_the_grader_gives_each_planted_mistake_its_message runs three through grade.py)
+    # cost two processes; test_the_grader_gives_full_marks_and_each_planted_mistake_its_message runs three through
+    # grade.py)
     import importlib.util
 
     exercise, header, changed = wrong_tree(wrong, tmp_path / "tree")
@@ -222,17 +223,18 @@ def test_wrong_answer_loses_points_with_a_message_that_names_it(wrong, tmp_path,
                 owner, new = getattr(owner, c), getattr(new, c)
             monkeypatch.setattr(owner, attr, new.__dict__[attr])
     result = FirstFailure()
-    code = pytest.main([str(ROOT / "tests" / "test_exercises.py"), "--exercise", exercise, "-q", "-p", "no:cacheprovider",
-                        "--rootdir", str(ROOT)], plugins=[result])
+    code = pytest.main([str(ROOT / "tests" / "test_exercises.py"), "--exercise", exercise, "-q",
+                        "-p", "no:cacheprovider", "--rootdir", str(ROOT)], plugins=[result])
     assert result.outcomes, f"{wrong.name}: no graded test ran (exit {code})"
     assert not all(result.outcomes.values()), f"{wrong.name} ({header['mistake']}) passed every test"
     assert header["expect"] in result.first, result.first
 
 
-def test_the_grader_gives_each_planted_mistake_its_message(tmp_path):
-    # three of the four mistakes issue 26 found uncaught, put in one copy and graded by grade.py (runner and judge),
-    # each in its own exercise (the fourth, llds_ma_weight_ignored, is also an llds_loss: the sweep above has it):
-    # each exercise loses points with the message its mistake expects, as in the in-process sweep
+def test_the_grader_gives_full_marks_and_each_planted_mistake_its_message(tmp_path):
+    # our code with three of the four mistakes issue 26 found uncaught put in, each in its own exercise (the fourth,
+    # llds_ma_weight_ignored, is also an llds_loss: the sweep above has it), graded by grade.py (runner and judge):
+    # each of those three loses points with the message its mistake expects, and the five untouched exercises, our
+    # code, get full marks
     chosen = ["advantages_equal_group_not_zeroed", "em_articles_before_punctuation", "llds_delta_in_bf16"]
     tree, expect = modules_tree(tmp_path / "tree"), {}
     for stem in chosen:
@@ -241,9 +243,12 @@ def test_the_grader_gives_each_planted_mistake_its_message(tmp_path):
             for name in names:
                 (tree / file).write_text(splice((tree / file).read_text(), name, function_source(text, name)))
         expect[exercise] = (stem, header)
-    rows = grade.grade(tree, list(expect))
+    rows = grade.grade(tree, list(EXERCISES))
     print(grade.table(rows))
     for row in rows:
+        if row["exercise"] not in expect:
+            assert row["points"] == row["max"] and row["total"] > 0, row
+            continue
         stem, header = expect[row["exercise"]]
         assert row["points"] < row["max"], f"{stem} ({header['mistake']}) passed every test"
         assert header["expect"] in row["first_failure"], (stem, row["first_failure"])
@@ -264,8 +269,8 @@ def test_a_file_that_does_not_parse_or_a_hang_costs_only_its_exercises(tmp_path)
     tree = modules_tree(tmp_path / "tree")
     src = (tree / "grpo.py").read_text()
     (tree / "grpo.py").write_text(splice(src, "kl_k3", "def kl_k3(logp, ref_logp):\n    while True:\n        pass\n"))
-    hang = grade.run_exercise(tree, "kl", timeout=8)
-    assert hang["points"] == 0 and "timed out after 8 s" in hang["first_failure"]
+    hang = grade.run_exercise(tree, "kl", timeout=4)
+    assert hang["points"] == 0 and "timed out after 4 s" in hang["first_failure"]
     (tree / "grpo.py").write_text(src.replace("def kl_k3(logp, ref_logp):", "def kl_k3(logp, ref_logp:"))
     broken = grade.run_exercise(tree, "advantages")
     assert broken["points"] == 0 and broken["first_failure"].startswith("grpo.py does not parse:")

@@ -3,7 +3,8 @@ pytest's report; a function that looks for the grader's modules, the solution's 
 the snapshots' expected values; one that raises with text read from the reference; one that ends the runner, patches
 builtins, or leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
 the student is the grader's own text. A table of the visible tests' answers passes those tests, never the snapshots.
-About two minutes on 2 busy cores (three gradings of eight exercises and two of one)."""
+About a minute on 2 cores (gradings of eight, three and one exercises). That our code scores full marks
+through grade.py is in tests/test_course.py::test_the_grader_gives_full_marks_and_each_planted_mistake_its_message."""
 
 import shutil
 import sys
@@ -69,7 +70,7 @@ def test_module_level_code_never_runs(tmp_path):
     src = (tree / "grpo.py").read_text().replace(
         "def kl_k3(logp, ref_logp):", "@__import__('os')._exit\ndef kl_k3(logp, ref_logp=__import__('os')._exit(0)):")
     (tree / "grpo.py").write_text(src)
-    rows = grade.grade(tree, list(EXERCISES))
+    rows = grade.grade(tree, ["kl", "llds", "em"])  # one exercise of each file the payload is in
     print(grade.table(rows))
     assert sum(r["points"] for r in rows) == 0, grade.table(rows)
     assert all("NotImplementedError" in r["first_failure"] for r in rows), grade.table(rows)
@@ -185,15 +186,6 @@ def test_attacks_from_inside_a_function_score_0(tmp_path):
     assert all(len(r["first_failure"]) <= 400 for r in rows.values())
     not_held = [ex for ex in EXERCISES if not any(ex in spec.get("uses", []) for spec in EXERCISES.values())]
     assert not [line for line in solution_lines(ROOT, not_held) if line in shown]
-
-
-def test_the_reference_scores_100(tmp_path):
-    tree = tmp_path / "solved"
-    tree.mkdir()
-    for src in ROOT.glob("*.py"):
-        shutil.copy2(src, tree / src.name)
-    rows = grade.grade(tree, list(EXERCISES))
-    assert all(r["points"] == r["max"] for r in rows), grade.table(rows)
 
 
 def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
