@@ -133,7 +133,7 @@ def test_make_assignment_refuses_a_copy_that_quotes_a_body(tmp_path, monkeypatch
 def test_student_copy_scores_0_and_one_solved_exercise_scores_full_alone(student, tmp_path):
     # the fresh copy with only `llds` solved: llds_loss calls the action gate, which is blank here; the grader runs
     # it with our gate, so llds has full points and every other exercise 0 (all eight were graded blank in
-    # test_grader.py::test_attacks_from_inside_a_function_score_0)
+    # test_grader.py::test_attacks_score_0)
     tree = modules_tree(tmp_path / "tree")
     for file in ("grpo.py", "llds.py", "rollout.py"):
         shutil.copy2(student / file, tree / file)

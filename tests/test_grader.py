@@ -3,7 +3,7 @@ pytest's report; a function that looks for the grader's modules, the solution's 
 the snapshots' expected values; one that raises with text read from the reference; one that ends the runner, patches
 builtins, or leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
 the student is the grader's own text. A table of the visible tests' answers passes those tests, never the snapshots.
-About a minute on 2 cores (gradings of eight, three and one exercises). That our code scores full marks
+About a minute on 2 cores (a grading of eight exercises, and three of one). That our code scores full marks
 through grade.py is in tests/test_course.py::test_the_grader_gives_full_marks_and_each_planted_mistake_its_message."""
 
 import shutil
@@ -19,7 +19,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import grade  # noqa: E402
 from make_assignment import EXERCISES, blank, function_source, solution_lines, splice  # noqa: E402
 
-needs_sandbox = pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox here (Linux user namespaces)")
 
 # issue 26 item 1: appended to grpo.py, llds.py and rollout.py of a blank copy, it made every report "passed"
 REPORT_PAYLOAD = '''
@@ -60,20 +59,6 @@ def write(tree: Path, file: str, name: str, body: str, signature: str = ""):
     head = signature or ours[:ours.index(":\n", ours.index(")")) + 2]
     src = head + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
     (tree / file).write_text(splice((tree / file).read_text(), name, src))
-
-
-def test_module_level_code_never_runs(tmp_path):
-    tree = blank_copy(tmp_path / "student")
-    for file in ("grpo.py", "llds.py", "rollout.py"):
-        (tree / file).write_text((tree / file).read_text() + REPORT_PAYLOAD)
-    # a def's defaults and decorators run when it is defined: ours replace them
-    src = (tree / "grpo.py").read_text().replace(
-        "def kl_k3(logp, ref_logp):", "@__import__('os')._exit\ndef kl_k3(logp, ref_logp=__import__('os')._exit(0)):")
-    (tree / "grpo.py").write_text(src)
-    rows = grade.grade(tree, ["kl", "llds", "em"])  # one exercise of each file the payload is in
-    print(grade.table(rows))
-    assert sum(r["points"] for r in rows) == 0, grade.table(rows)
-    assert all("NotImplementedError" in r["first_failure"] for r in rows), grade.table(rows)
 
 
 def test_a_helper_whose_default_runs_code_is_refused(tmp_path):
@@ -167,15 +152,28 @@ ATTACKS = {
 }
 
 
-@needs_sandbox
-def test_attacks_from_inside_a_function_score_0(tmp_path):
+def test_attacks_score_0(tmp_path):
+    # one grading of a blank copy: the module-level payload in grpo.py, llds.py and rollout.py, a decorator and a
+    # default that run code on kl_k3, and (where the runner has its sandbox) the attacks from inside a function
+    sandboxed = grade.sandbox_works()
     tree = blank_copy(tmp_path / "student")
-    for (file, name), body in ATTACKS.items():
-        write(tree, file, name, body)
+    if sandboxed:  # without the sandbox grade.py warns that the runner runs as you: these are out of its reach
+        for (file, name), body in ATTACKS.items():
+            write(tree, file, name, body)
+    for file in ("grpo.py", "llds.py", "rollout.py"):
+        (tree / file).write_text((tree / file).read_text() + REPORT_PAYLOAD)
+    # a def's defaults and decorators run when it is defined: ours replace them
+    src = (tree / "grpo.py").read_text().replace(
+        "def kl_k3(logp, ref_logp):", "@__import__('os')._exit\ndef kl_k3(logp, ref_logp=__import__('os')._exit(0)):")
+    (tree / "grpo.py").write_text(src)
     rows = {r["exercise"]: r for r in grade.grade(tree, list(EXERCISES))}
     shown = grade.table(list(rows.values()))
     print(shown)
     assert all(r["points"] == 0 for r in rows.values()), shown
+    assert "NotImplementedError" in rows["clipped"]["first_failure"], shown  # the payload forged nothing
+    if not sandboxed:
+        assert all("NotImplementedError" in r["first_failure"] for r in rows.values()), shown
+        return
     assert "no solution in reach" in shown and "no grader in reach" in shown and "no table entry" in shown
     assert "the tests did not run" in rows["cut_turn"]["first_failure"]
     # what the student is shown of the text it raised: one escaped line, 60 characters of it at most (of the reference
