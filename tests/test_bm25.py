@@ -745,6 +745,38 @@ def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkey
                     np.array_equal(top, scores[want]), (numba, k)  # exact: ids; scores bit for bit, the claim
 
 
+@pytest.mark.parametrize("engine", [NUMBA, "python"])
+def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch):
+    """The pruned lucene search (MaxScore in bm25._search_queries, used from PRUNE_FROM passages; forced here on the
+    real sample) == top_k(get_scores), ids and scores bit for bit: the sample's questions, and mixes of rare and very
+    common words with repeats (a count > 1), k = 1 to 40. "python" runs the loop uncompiled and counts the pruning
+    steps, so that the test fails if the bound never cut a query short."""
+    monkeypatch.setattr(bm25, "NUMBA_FROM", 0)
+    monkeypatch.setattr(bm25, "PRUNE_FROM", 0)
+    pruned = Counter()
+    if engine == "python":
+        def candidates(*args, _step=bm25._candidates):
+            pruned["queries"] += 1
+            return _step(*args)
+        monkeypatch.setattr(bm25, "_compiled", lambda: (bm25._search_queries, None, 1))
+        monkeypatch.setattr(bm25, "_candidates", candidates)
+    retriever = BM25Retriever(load_corpus(QA_SAMPLE / "corpus.jsonl"), bm25="lucene", engine="sparse")
+    index, rng = retriever.bm25, np.random.default_rng(0)
+    words = sorted(index.vocab, key=lambda w: int(np.diff(index.indptr)[index.vocab[w]]))  # rarest first
+    queries = [retriever.analyze(q) for q in real_questions(60)]
+    for _ in range(60):
+        q = [str(w) for w in rng.choice(words, 3)] + [str(w) for w in rng.choice(words[-40:], rng.integers(0, 6))]
+        queries.append(q + q[:rng.integers(0, 3)])
+    for k in (1, 3, 10, 40):
+        for (order, top), q in zip(index.top_many(queries, k), queries, strict=True):
+            scores = index.get_scores(q)
+            assert order.tolist() == top_k(scores, k).tolist() and \
+                np.array_equal(top, scores[order]), (q, k)  # exact: ids; scores bit for bit, the claim
+    assert index._search_arrays()[6], "the search did not prune"
+    if engine == "python":
+        assert pruned["queries"] >= len(queries), pruned  # most queries (of 4 k's) were cut short
+
+
 def test_scale_benchmark_runs_and_finds_the_same_hits():
     """benchmarks/bench_retrieval_scale.py on a tiny synthetic index (seconds), so it does not rot: every query set's
     row says the posting-list top-k returned the dense top-k's passages and scores."""
