@@ -314,7 +314,9 @@ class SparseBM25:
         """[Q] (passages [<=k] int64, scores [<=k] float64) of Q tokenized queries (a turn's searches), each exactly
         `top_k(get_scores(words), k)` with those scores, bit for bit. With numba (NUMBA), one compiled call
         (`_search_queries`) per thread, the queries spread over one thread per CPU core; without, `_top_numpy` query
-        by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8."""
+        by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8;
+        lucene's compiled search, from PRUNE_FROM passages, also skips the long lists' passages that cannot reach
+        the k best (MaxScore bounds, `_search_queries`)."""
         if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
             return [self._top_numpy(words, k) for words in queries]
         search, pool, cores = _compiled()
@@ -361,14 +363,13 @@ class SparseBM25:
         """(term ids, counts) of a query as the scores add them up: okapi every known word again in query order
         (rank-bm25's sum; counts 1), lucene each distinct word once in first-occurrence order with its count (the
         weight count * idf in float32: Anserini's bag of words, BM25Scorer.weight)."""
-        if self.variant == "okapi":
-            terms = [t for t in map(self.vocab.get, words) if t is not None]
+        terms = [t for t in map(self.vocab.get, words) if t is not None]
+        if self.variant == "okapi" or len(set(terms)) == len(terms):  # (most questions repeat no word)
             return terms, [1] * len(terms)
-        counts = {}  # word -> count, in first-occurrence order (as Counter, faster on a few words)
-        for w in words:
-            counts[w] = counts.get(w, 0) + 1
-        pairs = [(t, c) for w, c in counts.items() if (t := self.vocab.get(w)) is not None]
-        return [t for t, _ in pairs], [c for _, c in pairs]
+        counts = dict.fromkeys(terms, 0)  # term id -> count, in first-occurrence order
+        for t in terms:
+            counts[t] += 1
+        return list(counts), list(counts.values())
 
     def _top_numpy(self, words: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """`top` in numpy (the path without numba): (passages [<=k] int, scores [<=k] float64), exactly
@@ -466,7 +467,7 @@ def _search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms
                 if not dense and acc[d] == 0.0:
                     touched[m], m = d, m + 1
                 acc[d] += count1[p] if once else np.float64(w - w / (one + values[p]))  # Lucene's float32 term
-        top_docs, top_scores = out_docs[q], out_scores[q]  # [k] best first
+        top_docs, top_scores = np.full(k, -1, np.int64), np.zeros(k)  # [k] best first (out_docs[q] at the end: the
         filled, worst, worst_doc = 0, 0.0, 0  # the k-th best so far (0.0 until k are found: scores must be > 0)
         sweep = dense and cut == n  # all D passages in order; else touched[:m]
         for jj in range(D if sweep else m):
@@ -489,7 +490,7 @@ def _search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms
             filled = min(filled + 1, k)
             if filled == k:
                 worst, worst_doc = top_scores[k - 1], top_docs[k - 1]
-        out_found[q] = filled
+        out_docs[q], out_scores[q], out_found[q] = top_docs, top_scores, filled  # threads' rows share cache lines)
         if dense:
             acc[:] = 0.0
 
