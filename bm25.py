@@ -95,7 +95,7 @@ MAX_CACHED_WORDS = 1 << 17  # english_analyze's memory of analyzed words
 # character or joiner, which UAX #29 (WB4, WB3c) binds to it: a piece starting so sends the whole text through the
 # regex module. tests/test_bm25.py checks both ways give the same words on fuzzed text and on real passages.
 _ASCII_WORD = r"\w+(?:(?<=[A-Za-z])[:.'](?=[A-Za-z])\w+|(?<=[0-9])[,.;'](?=[0-9])\w+)*"  # \w: [A-Za-z0-9_]
-_ASCII_WORDS = re.compile(_ASCII_WORD, re.ASCII)
+_ASCII_WORDS = re.compile(r"(?=_*[A-Za-z0-9])" + _ASCII_WORD, re.ASCII)  # those holding a letter or digit
 _PIECES = re.compile(r"(?<!\S)\S*[^\x00-\x7f]\S*|" + _ASCII_WORD, re.ASCII)  # a piece with non-ASCII, or an ASCII word
 _JOINS_BACK = regex.compile(r"[\p{Word_Break=Extend}\p{Word_Break=Format}\p{Word_Break=ZWJ}]")
 
@@ -104,6 +104,10 @@ def standard_tokenize(text: str) -> list[str]:
     """Lucene's StandardTokenizer (UAX #29 words, original case): "Paris's 1,000 U.S. e-mail" -> ["Paris's", "1,000",
     "U.S", "e", "mail"]. Words longer than MAX_TOKEN_CHARS characters are cut into pieces of that length. ASCII
     words by Python's re, the rest by `uax29_tokenize` (the same words: the comment above)."""
+    if text.isascii():  # (most passages)
+        words = _ASCII_WORDS.findall(text)
+        if not words or max(map(len, words)) <= MAX_TOKEN_CHARS:
+            return words
     out = []
     for piece in (_ASCII_WORDS if text.isascii() else _PIECES).findall(text):
         if not piece.isascii():  # a whitespace-delimited piece with a non-ASCII character
@@ -180,7 +184,7 @@ def english_analyze(text: str) -> list[str]:
     EnglishAnalyzer. `standard_tokenize`, then drop a trailing possessive 's, lower-case (`java_lower`), drop
     LUCENE_STOP_WORDS, Porter-stem (`_porter_stem`): "Who founded the X-Men's comics?" -> ["who", "found", "x", "men",
     "comic"]. A text of stop words and punctuation gives []."""
-    return [w for w in map(_ENGLISH_WORDS.__getitem__, standard_tokenize(text)) if w]
+    return list(filter(None, map(_ENGLISH_WORDS.__getitem__, standard_tokenize(text))))  # "": a stop word
 
 
 ANALYZERS = {"english": english_analyze, "words": tokenize}  # analyzer name -> text -> [words]
@@ -333,7 +337,7 @@ class SparseBM25:
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
             if self._scratch is None or len(self._scratch[0]) < threads:
                 D = self.num_docs  # each thread's score sums, passages touched and bits (_search_queries)
-                self._scratch = np.zeros((threads, D)), np.zeros((threads, D), np.int64), \
+                self._scratch = np.zeros((threads, D)), np.zeros((threads, D), np.int32), \
                     np.zeros((threads, D // 8 + 1), np.uint8)
             acc, touched, marks = self._scratch
             if threads == 1:
@@ -421,7 +425,7 @@ def _search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms
     """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being words
     j = qptr[q]..qptr[q+1]-1, term qterms[j] counted qcounts[j] (lucene), into rows q of out_docs [Q, k] (-1 filled)
     and out_scores [Q, k] (zeros) and their number of hits out_found[q]; scratch (zeros, left so): acc [D] float64,
-    touched [D] int64, marks [D / 8 + 1] uint8 (a bit per passage). Sums and ties as get_scores and top_k: okapi adds
+    touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums and ties as get_scores and top_k: okapi adds
     its float64 values word after word from 0.0; lucene adds its float32 term scores w - w / (1 + value),
     w = count * idf (count1 [nnz]: those at count 1), in float64 (exact, so in any order), rounded to float32 once;
     the <= k best scores > 0, ties by passage order. A passage is met once its sum is not 0.0.
