@@ -747,7 +747,7 @@ def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkey
 
 @pytest.mark.parametrize("engine", [NUMBA, "python"])
 def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch):
-    """The pruned lucene search (MaxScore in bm25._search_queries, used from PRUNE_FROM passages; forced here on the
+    """The pruned lucene search (MaxScore in topk.search_queries, used from PRUNE_FROM passages; forced here on the
     real sample) == top_k(get_scores), ids and scores bit for bit: the sample's questions, and mixes of rare and very
     common words with repeats (a count > 1), k = 1 to 40. "python" runs the loop uncompiled and counts the pruning
     steps, so that the test fails if the bound never cut a query short."""
@@ -755,11 +755,13 @@ def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch)
     monkeypatch.setattr(bm25, "PRUNE_FROM", 0)
     pruned = Counter()
     if engine == "python":
-        def candidates(*args, _step=bm25._candidates):
+        import topk
+
+        def candidates(*args, _step=topk._candidates):
             pruned["queries"] += 1
             return _step(*args)
-        monkeypatch.setattr(bm25, "_compiled", lambda: (bm25._search_queries, None, 1))
-        monkeypatch.setattr(bm25, "_candidates", candidates)
+        monkeypatch.setattr(topk, "compiled", lambda: (topk.search_queries, None, 1))
+        monkeypatch.setattr(topk, "_candidates", candidates)
     retriever = BM25Retriever(load_corpus(QA_SAMPLE / "corpus.jsonl"), bm25="lucene", engine="sparse")
     index, rng = retriever.bm25, np.random.default_rng(0)
     words = sorted(index.vocab, key=lambda w: int(np.diff(index.indptr)[index.vocab[w]]))  # rarest first

@@ -21,7 +21,8 @@ GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo in
     "policy": {"checkpoint"},
     "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
     "rollout": {"data"},  # the demo's 5 passages
-    "grpo": set(), "llds": set(), "bm25": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
+    "bm25": {"topk"},  # its compiled search
+    "grpo": set(), "llds": set(), "topk": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
     "memory": set(), "paper": set(),
 }
 

@@ -1,0 +1,182 @@
+"""BM25's exact top-k search, compiled: SparseBM25.top_many (bm25.py) hands a batch of queries to `search_queries`,
+numba-compiled, one call per thread. The scores and ties are top_k(get_scores)'s, bit for bit; for lucene from
+bm25.PRUNE_FROM passages it also prunes by MaxScore bounds (`search_queries` says how).
+
+Shapes: D = passages, V = distinct words, nnz = postings; Q queries, k hits each.
+"""
+
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+# The bounds keep a relative margin of 8 float32 ulps (PRUNE_SLACK); the search checks the bound when the lists left
+# hold PRUNE_COST postings per passage met, and, pruned, looks the candidates up in a list that holds LOOKUP_COST
+# postings per candidate (else reads the list).
+PRUNE_SLACK, PRUNE_COST, LOOKUP_COST = 2.0 ** -20, 1, 32
+
+
+@functools.cache
+def compiled():
+    """(`search_queries` compiled by numba, nogil, cached in __pycache__; a thread pool of one thread per usable core;
+    their number)."""
+    import numba
+
+    global _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too (numba calls them)
+    jit = numba.njit(cache=True, nogil=True)
+    _candidates, _add_to_candidates, _kth_best, _term_score = map(jit, (_candidates, _add_to_candidates, _kth_best,
+                                                                        _term_score))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return jit(search_queries), ThreadPoolExecutor(cores), cores
+
+
+def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms, qcounts, lucene, out_docs,
+                    out_scores, out_found, acc, touched, marks, first, step):
+    """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being words
+    j = qptr[q]..qptr[q+1]-1, term qterms[j] counted qcounts[j] (lucene), into rows q of out_docs [Q, k] (-1 filled)
+    and out_scores [Q, k] (zeros) and their number of hits out_found[q]; scratch (zeros, left so): acc [D] float64,
+    touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums and ties as get_scores and top_k: okapi adds
+    its float64 values word after word from 0.0; lucene adds its float32 term scores w - w / (1 + value),
+    w = count * idf (count1 [nnz]: those at count 1), in float64 (exact, so in any order), rounded to float32 once;
+    the <= k best scores > 0, ties by passage order. A passage is met once its sum is not 0.0.
+
+    prune (lucene, from PRUNE_FROM passages; `_search_arrays`): MaxScore (Turtle & Flood 1995; Lucene prunes its
+    top-k search by such bounds). The words are added shortest posting list first. Before a long list, if the words
+    left could add at most rest (the sum of their largest term scores; maxv [V]: each list's largest value) and rest
+    is below theta, the k-th best sum so far, then a passage none of the added words holds scores at most rest <
+    theta: no hit. The passages met whose sum + rest can still reach theta become the candidates (`_candidates`), a
+    bit each in marks, small enough to stay in the CPU's cache where acc would not; the lists left add to them only
+    (`_add_to_candidates`). The bounds keep a relative margin (PRUNE_SLACK) over float rounding. Without prune the
+    words are added in query order, every list walked (okapi's sums must be made in that order)."""
+    k, D, one, lo_slack, hi_slack = out_docs.shape[1], len(acc), np.float32(1), 1 - PRUNE_SLACK, 1 + PRUNE_SLACK
+    for q in range(first, len(qptr) - 1, step):
+        n = qptr[q + 1] - qptr[q]
+        lens = np.empty(n, np.int64)  # [n] posting list lengths
+        for j in range(n):
+            lens[j] = indptr[qterms[qptr[q] + j] + 1] - indptr[qterms[qptr[q] + j]]
+        order = qptr[q] + (np.argsort(lens, kind="mergesort") if prune else np.arange(n))  # [n] words, shortest first
+        rest, rest_len = np.zeros(n + 1), np.zeros(n + 1, np.int64)  # bound and postings of the words order[i:]
+        for i in range(n - 1, -1, -1):
+            t = qterms[order[i]]
+            if prune:
+                w = np.float32(qcounts[order[i]]) * idf[t]
+                rest[i] = rest[i + 1] + np.float64(w - w / (one + maxv[t]))  # the largest term score
+            rest_len[i] = rest_len[i + 1] + indptr[t + 1] - indptr[t]
+        m, dense, cut, theta = 0, False, n, 0.0  # touched[:m]: the passages met (all D if dense); words order[cut:]
+        for i in range(n):  # not swept; theta: a k-th best sum so far (<= the k-th best score)
+            if cut == n and prune and i > 0 and rest_len[i] > PRUNE_COST * (D if dense else m):  # a check pays
+                theta = _kth_best(acc, touched, D if dense else m, dense, k)
+                if rest[i] * hi_slack < theta * lo_slack:
+                    cut, m = i, _candidates(acc, touched, marks, D if dense else m, dense, rest[i], theta)
+            j = order[i]
+            w = np.float32(qcounts[j]) * idf[qterms[j]] if lucene else np.float32(0)  # BM25Scorer.weight
+            once = not lucene or qcounts[j] == 1  # count1[p] is the term score (okapi: values itself)
+            if cut < n:
+                m, theta = _add_to_candidates(indptr, docs, values, count1, idf, qterms, qcounts, j, once, w, acc,
+                                              touched, marks, m, k, theta, rest[i + 1])
+                continue
+            dense = dense or (rest_len[0] - rest_len[i + 1]) * 8 > D  # then a pass over all D beats a list
+            for p in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
+                d = docs[p]
+                if not dense and acc[d] == 0.0:
+                    touched[m], m = d, m + 1
+                acc[d] += count1[p] if once else np.float64(w - w / (one + values[p]))  # Lucene's float32 term
+        top_docs, top_scores = np.full(k, -1, np.int64), np.zeros(k)  # [k] best first (out_docs[q] at the end: the
+        filled, worst, worst_doc = 0, 0.0, 0  # the k-th best so far (0.0 until k are found: scores must be > 0)
+        sweep = dense and cut == n  # all D passages in order; else touched[:m]
+        for jj in range(D if sweep else m):
+            d = jj if sweep else touched[jj]
+            a = acc[d]
+            if sweep and a <= worst:
+                continue  # then s <= worst: no hit (a dense pass meets passages in order: a tie comes too late)
+            if not sweep:
+                acc[d], marks[d >> 3] = 0.0, 0  # left as found, for the next query (a passage met again: now 0.0)
+            if a * hi_slack < theta * lo_slack:
+                continue  # below a k-th best sum
+            s = np.float64(np.float32(a)) if lucene else a  # lucene: the sum rounded once
+            if s < worst or (s == worst and (filled < k or d > worst_doc)):
+                continue  # not among the k best (ties by passage order; 0.0 and below never are)
+            i = min(filled, k - 1)  # insert (s, d) into the best-first slots, shifting the worse ones down
+            while i > 0 and (top_scores[i - 1] < s or (top_scores[i - 1] == s and top_docs[i - 1] > d)):
+                top_docs[i], top_scores[i] = top_docs[i - 1], top_scores[i - 1]
+                i -= 1
+            top_docs[i], top_scores[i] = d, s
+            filled = min(filled + 1, k)
+            if filled == k:
+                worst, worst_doc = top_scores[k - 1], top_docs[k - 1]
+        out_docs[q], out_scores[q], out_found[q] = top_docs, top_scores, filled  # threads' rows share cache lines)
+        if dense:
+            acc[:] = 0.0
+
+
+# `search_queries`' steps, compiled apart: in its loop over a posting list they would slow that loop down.
+def _candidates(acc, touched, marks, m, dense, rest, theta):
+    """The pruning step: of the passages met, touched[:m] (0..m-1 if dense), those whose sum + rest can reach theta
+    become the candidates: marked and moved to touched[:s]; the others' sums are zeroed (if dense: all, at the end).
+    Returns s."""
+    s = 0
+    for jj in range(m):
+        d = jj if dense else touched[jj]
+        if acc[d] > 0.0 and (acc[d] + rest) * (1 + PRUNE_SLACK) >= theta * (1 - PRUNE_SLACK):
+            marks[d >> 3] |= 1 << (d & 7)
+            touched[s], s = d, s + 1  # s <= jj: in place
+        elif not dense:
+            acc[d] = 0.0
+    return s
+
+
+def _add_to_candidates(indptr, docs, values, count1, idf, qterms, qcounts, j, once, w, acc, touched, marks, m, k,
+                       theta, rest):
+    """After pruning: query word j's term scores are added to the candidates touched[:m] only, each looking its
+    posting up (`_term_score`) when they are few (LOOKUP_COST), else by reading the word's list for the marked ones;
+    then those whose sum + rest (the bound of the words after j) can no longer reach the k-th best sum are dropped.
+    Returns (m, theta) after."""
+    lo, hi = indptr[qterms[j]], indptr[qterms[j] + 1]
+    if m * LOOKUP_COST < hi - lo:
+        for jj in range(m):
+            acc[touched[jj]] += _term_score(indptr, docs, values, idf, qterms, qcounts, j, touched[jj])
+    else:
+        for p in range(lo, hi):
+            d = docs[p]
+            if marks[d >> 3] & (1 << (d & 7)):
+                acc[d] += count1[p] if once else np.float64(w - w / (np.float32(1) + values[p]))
+    theta, s = max(theta, _kth_best(acc, touched, m, False, k)), 0
+    for jj in range(m):
+        d = touched[jj]
+        if (acc[d] + rest) * (1 + PRUNE_SLACK) >= theta * (1 - PRUNE_SLACK):
+            touched[s], s = d, s + 1
+        else:
+            marks[d >> 3] &= 255 ^ (1 << (d & 7))
+            acc[d] = 0.0
+    return s, theta
+
+
+def _kth_best(acc, touched, m, dense, k):
+    """The k-th largest sum of acc[touched[:m]] (acc[:m] if dense), 0.0 if fewer: theta."""
+    best = np.zeros(k)  # [k] best first
+    for jj in range(m):
+        a = acc[jj if dense else touched[jj]]
+        if a > best[k - 1]:
+            x = k - 1
+            while x > 0 and best[x - 1] < a:
+                best[x] = best[x - 1]
+                x -= 1
+            best[x] = a
+    return best[k - 1]
+
+
+def _term_score(indptr, docs, values, idf, qterms, qcounts, j, d):
+    """lucene query word j's term score in passage d (0.0 if d does not hold the word), its posting found by binary
+    search in the word's ascending list."""
+    lo, hi = indptr[qterms[j]], indptr[qterms[j] + 1]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if docs[mid] < d:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == indptr[qterms[j] + 1] or docs[lo] != d:
+        return 0.0
+    w = np.float32(qcounts[j]) * idf[qterms[j]]
+    return np.float64(w - w / (np.float32(1) + values[lo]))
