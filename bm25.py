@@ -353,10 +353,10 @@ class SparseBM25:
         if self.variant == "lucene":
             w, idf = np.repeat(self.idf, np.diff(self.indptr)), self.idf
             count1 = w - w / (np.float32(1) + self.values)
-        full = np.diff(self.indptr) > 0  # [V] (an index we built has no empty list)
-        maxv = np.zeros(len(self.indptr) - 1, self.values.dtype)
-        maxv[full] = np.maximum.reduceat(self.values, self.indptr[:-1][full]) if full.any() else 0
         prune = self.variant == "lucene" and self.num_docs >= PRUNE_FROM and bool(self.values.min() > 0)
+        full = np.diff(self.indptr) > 0 if prune else np.zeros(0, bool)  # [V] (an index we built has no empty list)
+        maxv = np.zeros(len(full), self.values.dtype)  # [V] pruning's bounds ([0]: not pruning, unused)
+        maxv[full] = np.maximum.reduceat(self.values, self.indptr[:-1][full]) if full.any() else 0
         self._arrays = (self.indptr, self.docs, self.values, count1, idf, maxv, prune)
         return self._arrays
 
