@@ -20,7 +20,7 @@ def setup_block() -> list[str]:
 def test_ci_runs_the_readme_setup_in_a_fresh_venv():
     readme = setup_block()
     assert re.fullmatch(r"python3 -m venv (\S+) && \. \1/bin/activate", readme[0]), readme[0]
-    assert readme[-1] == "pytest -q"  # the test command
+    assert readme[-1] == "pytest -q -n 2"  # the test command (pytest-xdist: two test processes)
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.lstrip().startswith("#")]
     venv = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv "))
