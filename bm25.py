@@ -321,16 +321,13 @@ class SparseBM25:
         import topk  # (numba's import is slow: on the first search)
 
         search, pool, cores = topk.compiled()
-        terms, counts, qptr = [], [], [0]  # all queries' term ids and counts, one after another; query q's at
-        for words in queries:  # qptr[q]:qptr[q+1]
-            t, c = self._query_terms(words)
-            terms += t
-            counts += c
-            qptr.append(len(terms))
-        Q, threads = len(queries), min(len(queries), cores)
+        Q, threads, lens = len(queries), min(len(queries), cores), list(map(len, queries))
+        qptr = np.zeros(Q + 1, np.int64)  # query q's words: qwords[qptr[q]:qptr[q+1]], term ids (-1: not indexed)
+        np.cumsum(lens, out=qptr[1:])
+        qwords = np.fromiter(map(self.vocab.get, itertools.chain.from_iterable(queries), itertools.repeat(-1)),
+                             np.int64, qptr[-1])  # (topk._query_terms makes each query's terms and counts)
         docs, scores, found = np.full((Q, k), -1, np.int64), np.zeros((Q, k)), np.zeros(Q, np.int64)  # [Q, k], [Q]
-        args = (*(self._arrays or self._search_arrays()), np.array(qptr, np.int64), np.array(terms, np.int64),
-                np.array(counts, np.int64), self.variant == "lucene", docs, scores, found)
+        args = (*(self._arrays or self._search_arrays()), qptr, qwords, self.variant == "lucene", docs, scores, found)
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
             if self._scratch is None or len(self._scratch[0]) < threads:
                 D = self.num_docs  # each thread's score sums, passages touched and bits (topk.py)

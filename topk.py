@@ -23,23 +23,24 @@ def compiled():
     their number)."""
     import numba
 
-    global _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too (numba calls them)
-    jit = numba.njit(cache=True, nogil=True)
-    _candidates, _add_to_candidates, _kth_best, _term_score = map(jit, (_candidates, _add_to_candidates, _kth_best,
-                                                                        _term_score))
+    global _query_terms, _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too (numba
+    jit = numba.njit(cache=True, nogil=True)  # calls them)
+    _query_terms, _candidates, _add_to_candidates, _kth_best, _term_score = map(
+        jit, (_query_terms, _candidates, _add_to_candidates, _kth_best, _term_score))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return jit(search_queries), ThreadPoolExecutor(cores), cores
 
 
-def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms, qcounts, lucene, out_docs,
-                    out_scores, out_found, acc, touched, marks, first, step):
-    """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being words
-    j = qptr[q]..qptr[q+1]-1, term qterms[j] counted qcounts[j] (lucene), into rows q of out_docs [Q, k] (-1 filled)
-    and out_scores [Q, k] (zeros) and their number of hits out_found[q]; scratch (zeros, left so): acc [D] float64,
-    touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums and ties as get_scores and top_k: okapi adds
-    its float64 values word after word from 0.0; lucene adds its float32 term scores w - w / (1 + value),
-    w = count * idf (count1 [nnz]: those at count 1), in float64 (exact, so in any order), rounded to float32 once;
-    the <= k best scores > 0, ties by passage order. A passage is met once its sum is not 0.0.
+def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords, lucene, out_docs, out_scores,
+                   out_found, acc, touched, marks, first, step):
+    """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being the words
+    qwords[qptr[q]:qptr[q+1]] (term ids, -1 for a word not in the index; its terms and counts: `_query_terms`), into
+    rows q of out_docs [Q, k] (-1 filled) and out_scores [Q, k] (zeros) and their number of hits out_found[q];
+    scratch (zeros, left so): acc [D] float64, touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums
+    and ties as get_scores and top_k: okapi adds its float64 values word after word from 0.0; lucene adds its float32
+    term scores w - w / (1 + value), w = count * idf (count1 [nnz]: those at count 1), in float64 (exact, so in any
+    order), rounded to float32 once; the <= k best scores > 0, ties by passage order. A passage is met once its sum is
+    not 0.0.
 
     prune (lucene, from PRUNE_FROM passages; `_search_arrays`): MaxScore (Turtle & Flood 1995; Lucene prunes its
     top-k search by such bounds). The words are added shortest posting list first. Before a long list, if the words
@@ -51,11 +52,12 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms,
     words are added in query order, every list walked (okapi's sums must be made in that order)."""
     k, D, one, lo_slack, hi_slack = out_docs.shape[1], len(acc), np.float32(1), 1 - PRUNE_SLACK, 1 + PRUNE_SLACK
     for q in range(first, len(qptr) - 1, step):
-        n = qptr[q + 1] - qptr[q]
+        qterms, qcounts = _query_terms(qwords, qptr[q], qptr[q + 1], lucene)  # [n] each
+        n = len(qterms)
         lens = np.empty(n, np.int64)  # [n] posting list lengths
         for j in range(n):
-            lens[j] = indptr[qterms[qptr[q] + j] + 1] - indptr[qterms[qptr[q] + j]]
-        order = qptr[q] + (np.argsort(lens, kind="mergesort") if prune else np.arange(n))  # [n] words, shortest first
+            lens[j] = indptr[qterms[j] + 1] - indptr[qterms[j]]
+        order = np.argsort(lens, kind="mergesort") if prune else np.arange(n)  # [n] words, shortest first
         rest, rest_len = np.zeros(n + 1), np.zeros(n + 1, np.int64)  # bound and postings of the words order[i:]
         for i in range(n - 1, -1, -1):
             t = qterms[order[i]]
@@ -111,6 +113,24 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qterms,
 
 
 # `search_queries`' steps, compiled apart: in its loop over a posting list they would slow that loop down.
+def _query_terms(qwords, lo, hi, lucene):
+    """(term ids [n], counts [n]) of the query qwords[lo:hi] as the scores add them up, as SparseBM25._query_terms:
+    okapi every known word (>= 0) again in query order, counts 1; lucene each distinct one once, in first-occurrence
+    order, with its count."""
+    terms, counts, n = np.empty(hi - lo, np.int64), np.ones(hi - lo, np.int64), 0
+    for i in range(lo, hi):
+        t, x = qwords[i], 0
+        if t < 0:
+            continue  # not in the index: adds 0
+        while lucene and x < n and terms[x] != t:
+            x += 1
+        if lucene and x < n:
+            counts[x] += 1  # a repeated word: one term, counted again
+        else:
+            terms[n], n = t, n + 1
+    return terms[:n], counts[:n]
+
+
 def _candidates(acc, touched, marks, m, dense, rest, theta):
     """The pruning step: of the passages met, touched[:m] (0..m-1 if dense), those whose sum + rest can reach theta
     become the candidates: marked and moved to touched[:s]; the others' sums are zeroed (if dense: all, at the end).
