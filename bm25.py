@@ -315,7 +315,8 @@ class SparseBM25:
         (topk.search_queries) per thread, the queries spread over one thread per CPU core; without, `_top_numpy` query
         by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8;
         lucene's compiled search, from PRUNE_FROM passages, also skips the long lists' passages that cannot reach
-        the k best (MaxScore bounds, topk.py)."""
+        the k best (MaxScore bounds, topk.py), and the compiled one adds a word in over half the passages as a dense
+        row (okapi's stop words)."""
         if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
             return [self._top_numpy(words, k) for words in queries]
         import topk  # (numba's import is slow: on the first search)
@@ -345,7 +346,9 @@ class SparseBM25:
         """topk.search_queries' index arguments, made on the first search: indptr, docs, values, count1 [nnz] (lucene:
         the term scores at count 1, most query words, by _postings' float32 operations; okapi: values), idf (okapi:
         values, unused), maxv [V] (each word's largest value: its term score's bound), prune (lucene from PRUNE_FROM
-        passages, all values > 0)."""
+        passages, all values > 0), row_of [V] and rows [R, D] float64 (count1 of each word in more than half the
+        passages as a dense row, 0.0 where absent; okapi's stop words: 8 rows on our QA bundle, 8 bytes a passage
+        each)."""
         count1 = idf = self.values
         if self.variant == "lucene":
             w, idf = np.repeat(self.idf, np.diff(self.indptr)), self.idf
@@ -354,7 +357,12 @@ class SparseBM25:
         full = np.diff(self.indptr) > 0 if prune else np.zeros(0, bool)  # [V] (an index we built has no empty list)
         maxv = np.zeros(len(full), self.values.dtype)  # [V] pruning's bounds ([0]: not pruning, unused)
         maxv[full] = np.maximum.reduceat(self.values, self.indptr[:-1][full]) if full.any() else 0
-        self._arrays = (self.indptr, self.docs, self.values, count1, idf, maxv, prune)
+        common = np.flatnonzero(np.diff(self.indptr) * 2 > self.num_docs)  # [R] words in over half the passages
+        row_of, rows = np.full(len(self.indptr) - 1, -1, np.int64), np.zeros((len(common), self.num_docs))
+        row_of[common] = np.arange(len(common))
+        for row, t in zip(rows, common):
+            row[self.docs[self.indptr[t]:self.indptr[t + 1]]] = count1[self.indptr[t]:self.indptr[t + 1]]
+        self._arrays = (self.indptr, self.docs, self.values, count1, idf, maxv, prune, row_of, rows)
         return self._arrays
 
     def _query_terms(self, words: list[str]) -> tuple[list[int], list[int]]:

@@ -23,16 +23,16 @@ def compiled():
     their number)."""
     import numba
 
-    global _query_terms, _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too (numba
-    jit = numba.njit(cache=True, nogil=True)  # calls them)
-    _query_terms, _candidates, _add_to_candidates, _kth_best, _term_score = map(
-        jit, (_query_terms, _candidates, _add_to_candidates, _kth_best, _term_score))
+    global _query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too
+    jit = numba.njit(cache=True, nogil=True)  # (numba calls them)
+    _query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score = map(
+        jit, (_query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return jit(search_queries), ThreadPoolExecutor(cores), cores
 
 
-def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords, lucene, out_docs, out_scores,
-                   out_found, acc, touched, marks, first, step):
+def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows, qptr, qwords, lucene, out_docs,
+                   out_scores, out_found, acc, touched, marks, first, step):
     """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being the words
     qwords[qptr[q]:qptr[q+1]] (term ids, -1 for a word not in the index; its terms and counts: `_query_terms`), into
     rows q of out_docs [Q, k] (-1 filled) and out_scores [Q, k] (zeros) and their number of hits out_found[q];
@@ -49,7 +49,13 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords,
     theta: no hit. The passages met whose sum + rest can still reach theta become the candidates (`_candidates`), a
     bit each in marks, small enough to stay in the CPU's cache where acc would not; the lists left add to them only
     (`_add_to_candidates`). The bounds keep a relative margin (PRUNE_SLACK) over float rounding. Without prune the
-    words are added in query order, every list walked (okapi's sums must be made in that order)."""
+    words are added in query order, every list walked (okapi's sums must be made in that order).
+
+    rows [R, D] float64 (`_search_arrays`): count1 of each word in more than half the passages (row_of [V]: its row,
+    -1 for the others), 0.0 where it is absent. A dense pass adds such a word at count 1 as acc += its row, passage
+    after passage, where its list would scatter into acc; adding 0.0 leaves a sum as it was, so the floats are the
+    list's. okapi keeps its stop words, whose lists are most of its postings (the, of, and: in 84-95% of the passages
+    of our QA bundle); measured 1.5-2x faster on them."""
     k, D, one, lo_slack, hi_slack = out_docs.shape[1], len(acc), np.float32(1), 1 - PRUNE_SLACK, 1 + PRUNE_SLACK
     for q in range(first, len(qptr) - 1, step):
         qterms, qcounts = _query_terms(qwords, qptr[q], qptr[q + 1], lucene)  # [n] each
@@ -79,6 +85,9 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords,
                                               touched, marks, m, k, theta, rest[i + 1])
                 continue
             dense = dense or (rest_len[0] - rest_len[i + 1]) * 8 > D  # then a pass over all D beats a list
+            if dense and once and row_of[qterms[j]] >= 0:
+                _add_row(acc, rows[row_of[qterms[j]]])
+                continue
             for p in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
                 d = docs[p]
                 if not dense and acc[d] == 0.0:
@@ -90,10 +99,12 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords,
         for jj in range(D if sweep else m):
             d = jj if sweep else touched[jj]
             a = acc[d]
-            if sweep and a <= worst:
-                continue  # then s <= worst: no hit (a dense pass meets passages in order: a tie comes too late)
-            if not sweep:
-                acc[d], marks[d >> 3] = 0.0, 0  # left as found, for the next query (a passage met again: now 0.0)
+            if sweep:
+                acc[d] = 0.0  # left as found, for the next query
+                if a <= worst:
+                    continue  # then s <= worst: no hit (a dense pass meets passages in order: a tie comes too late)
+            else:
+                acc[d], marks[d >> 3] = 0.0, 0  # (a passage met again: now 0.0)
             if a * hi_slack < theta * lo_slack:
                 continue  # below a k-th best sum
             s = np.float64(np.float32(a)) if lucene else a  # lucene: the sum rounded once
@@ -108,7 +119,7 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, qptr, qwords,
             if filled == k:
                 worst, worst_doc = top_scores[k - 1], top_docs[k - 1]
         out_docs[q], out_scores[q], out_found[q] = top_docs, top_scores, filled  # threads' rows share cache lines)
-        if dense:
+        if dense and not sweep:
             acc[:] = 0.0
 
 
@@ -129,6 +140,12 @@ def _query_terms(qwords, lo, hi, lucene):
         else:
             terms[n], n = t, n + 1
     return terms[:n], counts[:n]
+
+
+def _add_row(acc, row):
+    """acc += row, passage by passage ([D] each; a loop the compiler vectorizes)."""
+    for d in range(len(acc)):
+        acc[d] += row[d]
 
 
 def _candidates(acc, touched, marks, m, dense, rest, theta):
