@@ -38,7 +38,6 @@ import itertools
 import math
 import re
 import threading
-from array import array
 from collections import defaultdict
 
 import numpy as np
@@ -53,6 +52,7 @@ PRUNE_FROM = 50_000  # the compiled lucene search prunes (topk.py) from this man
 
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)
 DEFAULT_ANALYZER = {"lucene": "english", "okapi": "words"}  # each variant's analyzer (ANALYZERS, below)
+BUILD_CHUNK = 1 << 16  # SparseBM25.build counts the words of this many passages at a time
 INDEX_VERSION = 2  # part of the cache key: bump it when SparseBM25's arrays change meaning
 
 
@@ -84,14 +84,16 @@ MAX_CACHED_WORDS = 1 << 17  # english_analyze's memory of analyzed words
 
 
 # The same words fast: in ASCII, UAX #29 joins letters, digits and "_", a letter to a letter across one of : . ' and a
-# digit to a digit across one of , . ; ' (rules WB5-WB13b); Python's re finds those words (_ASCII_WORD) 10x faster
-# than the regex module's word boundaries, which only whitespace-delimited pieces holding a non-ASCII character go
-# through (_PIECES). ASCII whitespace ends a word whatever surrounds it, except before a combining mark, format
-# character or joiner, which UAX #29 (WB4, WB3c) binds to it: a piece starting so sends the whole text through the
-# regex module. tests/test_bm25.py checks both ways give the same words on fuzzed text and on real passages.
-_ASCII_WORD = r"\w+(?:(?<=[A-Za-z])[:.'](?=[A-Za-z])\w+|(?<=[0-9])[,.;'](?=[0-9])\w+)*"  # \w: [A-Za-z0-9_]
-_ASCII_WORDS = re.compile(r"(?=_*[A-Za-z0-9])" + _ASCII_WORD, re.ASCII)  # those holding a letter or digit
-_PIECES = re.compile(r"(?<!\S)\S*[^\x00-\x7f]\S*|" + _ASCII_WORD, re.ASCII)  # a piece with non-ASCII, or an ASCII word
+# digit to a digit across one of , . ; ' (rules WB5-WB13b); Python's re finds those words (_ASCII_WORDS) 10x faster
+# than the regex module's word boundaries, which only the whitespace-delimited pieces holding a non-ASCII character go
+# through. ASCII whitespace ends a word whatever surrounds it, except before a combining mark, format character or
+# joiner, which UAX #29 (WB4, WB3c) binds to it: a piece starting so sends the whole text through the regex module.
+# tests/test_bm25.py checks both ways give the same words on fuzzed text and on real passages. (Written for speed: a
+# word starts with a letter or digit after any "_" (a run of "_" alone is no word), the quantifiers are possessive
+# (never give back) and the look-behinds follow the character they check, so a failed try costs one comparison.)
+_ASCII_WORDS = re.compile(r"_*+[A-Za-z0-9]\w*+(?:[:.'](?<=[A-Za-z][:.'])(?=[A-Za-z])\w++|[,.;'](?<=[0-9].)(?=[0-9])\w++)*",
+                          re.ASCII)  # \w: [A-Za-z0-9_]
+_NON_ASCII, _REST_OF_PIECE = re.compile(r"[^\x00-\x7f]"), re.compile(r"\S*", re.ASCII)
 _JOINS_BACK = regex.compile(r"[\p{Word_Break=Extend}\p{Word_Break=Format}\p{Word_Break=ZWJ}]")
 
 
@@ -101,19 +103,22 @@ def standard_tokenize(text: str) -> list[str]:
     words by Python's re, the rest by `uax29_tokenize` (the same words: the comment above)."""
     if text.isascii():  # (most passages)
         words = _ASCII_WORDS.findall(text)
-        if not words or max(map(len, words)) <= MAX_TOKEN_CHARS:
-            return words
-    out = []
-    for piece in (_ASCII_WORDS if text.isascii() else _PIECES).findall(text):
-        if not piece.isascii():  # a whitespace-delimited piece with a non-ASCII character
-            if _JOINS_BACK.match(piece):
+    else:
+        words, start, rfind = [], 0, text.rfind
+        while found := _NON_ASCII.search(text, start):  # the next piece holding a non-ASCII character: text[lo:hi]
+            i = found.start()
+            lo = 1 + max(rfind(" ", start, i), rfind("\n", start, i), rfind("\t", start, i), rfind("\r", start, i),
+                         rfind("\f", start, i), rfind("\v", start, i), start - 1)  # after the last ASCII whitespace
+            hi = _REST_OF_PIECE.match(text, i).end()
+            if _JOINS_BACK.match(text, lo):
                 return uax29_tokenize(text)
-            out += uax29_tokenize(piece)
-        elif len(piece) > MAX_TOKEN_CHARS or not piece.strip("_"):  # "___" holds no letter or digit: no word
-            out += uax29_tokenize(piece)
-        else:
-            out.append(piece)
-    return out
+            words += _ASCII_WORDS.findall(text, start, lo)
+            words += uax29_tokenize(text[lo:hi])
+            start = hi
+        words += _ASCII_WORDS.findall(text, start)
+    if words and max(map(len, words)) > MAX_TOKEN_CHARS:  # an ASCII word to cut (uax29_tokenize's words are cut)
+        return [piece for word in words for piece in (uax29_tokenize(word) if len(word) > MAX_TOKEN_CHARS else [word])]
+    return words
 
 
 def uax29_tokenize(text: str) -> list[str]:
@@ -136,9 +141,10 @@ def java_lower(word: str) -> str:
 
 # Snowball's "porter" (PyStemmer's C code, what bm25s stems with) is the published algorithm, where Martin Porter's code
 # has "bli" -> "ble" and "logi" -> "log", undoubles any final double consonant but l, s, z (Snowball only bb dd ff gg mm
-# nn pp rr tt) and keeps 1-2 letter words. Words that could meet those rules, or hold anything but a-z, go to NLTK:
-# the rest stem the same (tests/test_bm25.py; all 68,278 words of our QA bundle), 10x faster.
-_NLTK_ONLY, _A_Z = re.compile(r"bl|log|cc|hh|jj|kk|qq|vv|ww|xx|yy|[^a-z]|^.{0,2}$"), re.compile("[a-z]")
+# nn pp rr tt) and keeps 1-2 letter words. Words that could meet those rules go to NLTK (a doubled digit, accented
+# letter or mark too: both count any character outside a-z as a consonant); the rest stem the same, 10x faster
+# (tests/test_bm25.py: all 68,278 words of our QA bundle; and 167,176 fuzzed words with digits, accents, punctuation).
+_NLTK_ONLY, _A_Z = re.compile(r"bl|log|cc|hh|jj|kk|qq|vv|ww|xx|yy|([^a-z])\1|^.{0,2}$"), re.compile("[a-z]")
 
 
 @functools.cache
@@ -239,23 +245,26 @@ class SparseBM25:
         vocab = defaultdict()  # term ids in order of first occurrence: the order rank-bm25 sums its idfs in
         vocab.default_factory = vocab.__len__  # an unseen word gets the next id
         tokenized, keys, tfs, doc_len = iter(tokenized), [], [], []
-        while chunk := list(itertools.islice(tokenized, 1 << 16)):  # 65,536 passages at a time: bounded memory
-            ids = np.array(array("i", map(vocab.__getitem__, itertools.chain.from_iterable(chunk))), np.int64)
-            doc = np.repeat(np.arange(len(doc_len), len(doc_len) + len(chunk)), list(map(len, chunk)))  # [tokens]
-            key, tf = np.unique(doc << 32 | ids, return_counts=True)  # [pairs] (passage, word) pairs and counts
+        while chunk := list(itertools.islice(tokenized, BUILD_CHUNK)):  # bounded memory
+            lengths = list(map(len, chunk))  # [passages] tokens in each
+            ids = np.fromiter(map(vocab.__getitem__, itertools.chain.from_iterable(chunk)), np.int64, sum(lengths))
+            doc = np.repeat(np.arange(len(doc_len), len(doc_len) + len(chunk)), lengths)  # [tokens]
+            key, tf = np.unique(ids << 32 | doc, return_counts=True)  # [pairs] (word, passage) pairs and counts
             keys.append(key)
             tfs.append(tf)
-            doc_len += map(len, chunk)
+            doc_len += lengths
         D, key, tf = len(doc_len), np.concatenate(keys), np.concatenate(tfs)  # [nnz] each
-        terms, doc = (key & 0xFFFFFFFF).astype(np.int32), (key >> 32).astype(np.int32)  # [nnz] word, passage
+        terms, doc = (key >> 32).astype(np.int32), (key & 0xFFFFFFFF).astype(np.int32)  # [nnz] word, passage
         df = np.bincount(terms, minlength=len(vocab))  # [V] passages containing each word
         if variant == "okapi":
             values, idf = cls._okapi_impacts(terms, tf, doc, df, doc_len, k1, b, epsilon), None
         else:
             values, idf = cls._lucene_values(tf, doc, df, doc_len, k1, b)
-        order = np.argsort(terms, kind="stable")  # [nnz] by word, then by passage
+        if len(keys) > 1:  # each chunk is in (word, passage) order: merge them, a stable sort by word
+            order = np.argsort(terms, kind="stable")  # [nnz]
+            doc, values = doc[order], values[order]
         indptr = np.concatenate([[0], np.cumsum(df)])  # [V+1]
-        return cls(dict(vocab), indptr, doc[order], values[order], D, variant, idf)
+        return cls(dict(vocab), indptr, doc, values, D, variant, idf)
 
     @staticmethod
     def _okapi_impacts(terms, tf, doc, df, doc_len, k1, b, epsilon) -> np.ndarray:
@@ -277,7 +286,8 @@ class SparseBM25:
         avgFieldLength() in float64 then rounded to float32, its 256-entry norm cache in float32."""
         doc_len = np.array(doc_len)  # [D]
         N = int(np.count_nonzero(doc_len))  # Lucene's docCount: passages with at least one token in the field
-        idf = np.array([math.log(1 + (N - n + 0.5) / (n + 0.5)) for n in df.tolist()], dtype=np.float32)  # [V]
+        dfs, of_term = np.unique(df, return_inverse=True)  # each df once: far fewer than V
+        idf = np.array([math.log(1 + (N - n + 0.5) / (n + 0.5)) for n in dfs.tolist()], dtype=np.float32)[of_term]  # [V]
         avgdl = np.float32(doc_len.sum() / N)  # (float) (sumTotalTermFreq / (double) docCount)
         k1, b, one = np.float32(k1), np.float32(b), np.float32(1)
         lengths = {n: lucene_doc_length(n) for n in np.unique(doc_len).tolist()}  # the decoded one-byte norms
