@@ -345,10 +345,11 @@ class SparseBM25:
                 self._scratch = np.zeros((threads, D)), np.zeros((threads, D), np.int32), \
                     np.zeros((threads, D // 8 + 1), np.uint8)
             acc, touched, marks = self._scratch
-            if threads == 1:
-                search(*args, acc[0], touched[0], marks[0], 0, 1)
-            else:  # thread t takes queries t, t + T, ...: the compiled loop runs without the GIL
-                list(pool.map(lambda t: search(*args, acc[t], touched[t], marks[t], t, threads), range(threads)))
+            # thread t takes queries t, t + T, ... (this one t = 0): the compiled loop runs without the GIL
+            others = [pool.submit(search, *args, acc[t], touched[t], marks[t], t, threads) for t in range(1, threads)]
+            search(*args, acc[0], touched[0], marks[0], 0, threads)
+            for other in others:
+                other.result()
         found = found.tolist()
         return [(docs[q, :found[q]], scores[q, :found[q]]) for q in range(Q)]
 

@@ -23,10 +23,10 @@ def compiled():
     their number)."""
     import numba
 
-    global _query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score  # its steps: compiled too
+    global _query_terms, _add_list, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score  # compiled
     jit = numba.njit(cache=True, nogil=True)  # (numba calls them)
-    _query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score = map(
-        jit, (_query_terms, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score))
+    _query_terms, _add_list, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score = map(
+        jit, (_query_terms, _add_list, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return jit(search_queries), ThreadPoolExecutor(cores), cores
 
@@ -88,6 +88,9 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows,
             if dense and once and row_of[qterms[j]] >= 0:
                 _add_row(acc, rows[row_of[qterms[j]]])
                 continue
+            if dense and once:
+                _add_list(acc, docs, count1, indptr[qterms[j]], indptr[qterms[j] + 1])
+                continue
             for p in range(indptr[qterms[j]], indptr[qterms[j] + 1]):
                 d = docs[p]
                 if not dense and acc[d] == 0.0:
@@ -140,6 +143,13 @@ def _query_terms(qwords, lo, hi, lucene):
         else:
             terms[n], n = t, n + 1
     return terms[:n], counts[:n]
+
+
+def _add_list(acc, docs, count1, lo, hi):
+    """acc[docs[p]] += count1[p] for the postings p in [lo, hi) (a dense pass's word at count 1: the loop without
+    the branches search_queries' own loop needs elsewhere)."""
+    for p in range(lo, hi):
+        acc[docs[p]] += count1[p]
 
 
 def _add_row(acc, row):
