@@ -43,7 +43,9 @@ How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids
     or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at
     once (the columns only it used go too); the others decode one token at position = their count of cached ids;
   * free slots take the next waiting rows: one prefill of their uncached ids on top of their kept KV, after which
-    each row is compacted (torch.gather) and joined on the left-padded cache.
+    each row is compacted (torch.gather) and joined on the left-padded cache;
+  * the cache's layers keep max_new_tokens spare columns (`_roomy_layer`): a decode step writes its column in place,
+    where transformers' DynamicLayer copies the whole cache (torch.cat) at every step.
 Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
   1. Rows share forward passes with other rows than in hf's calls, so under one seed the sampled ids differ from hf's
      (the same distribution: tests/test_engine.py); greedy ids are equal (float rounding apart: the tests' greedy
@@ -257,6 +259,33 @@ class _Row:
         return len(self.context) + len(self.new) - 1
 
 
+def _roomy_layer(room: int):
+    """A KV cache layer for `cb`: transformers' DynamicLayer, but its keys and values [n, H, W, Dh] are the first W
+    columns of a buffer with `room` more, and update() writes a step's new column into that room in place, where
+    DynamicLayer copies the whole cache into a new tensor (torch.cat) at every step. Full, it moves to a buffer with
+    `room` spare columns again. cb never batch-selects or crops a cache (it builds a new one), so only update is
+    changed. Memory: cb passes room = max_new_tokens, so a buffer is at most that wider than its widest row, where a
+    DynamicLayer holds its cache twice during each step's torch.cat."""
+    from transformers.cache_utils import DynamicLayer
+
+    class RoomyLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            w, p = self.get_seq_length(), key_states.shape[-2]
+            if w == 0 or w + p > self.room_keys.shape[-2]:  # a new buffer: the cached columns, the new, `room`
+                self.room_keys = key_states.new_empty(*key_states.shape[:2], w + p + room, key_states.shape[-1])
+                self.room_values = value_states.new_empty(*value_states.shape[:2], w + p + room,
+                                                          value_states.shape[-1])
+                if w:
+                    self.room_keys[:, :, :w], self.room_values[:, :, :w] = self.keys, self.values
+            self.room_keys[:, :, w:w + p], self.room_values[:, :, w:w + p] = key_states, value_states
+            self.keys, self.values = self.room_keys[:, :, :w + p], self.room_values[:, :, :w + p]
+            return self.keys, self.values
+
+    return RoomyLayer()
+
+
 def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
                  do_sample: bool = True, batch_size: int = 64, logits_processor=None):
     """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves its slot at once
@@ -282,11 +311,15 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                                   StopStringCriteria(tokenizer, gen_cfg.stop_strings)])
     kept = []  # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is held, KV)
 
-    def make_cache(kv):
-        """A DynamicCache holding kv ((K, V) per layer, each [n, H, W, Dh]; [] for an empty one)."""
-        cache = DynamicCache(ddp_cache_data=kv or None, config=model.config)
+    def make_cache(kv, room=0):
+        """A DynamicCache holding kv ((K, V) per layer, each [n, H, W, Dh]; [] for an empty one), its layers with
+        `room` spare columns for the decode steps to write into (`_roomy_layer`)."""
+        cache = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in cache.layers):
             raise ValueError("--generator cb needs full-attention layers (no sliding window): use --generator hf")
+        cache.layers = [_roomy_layer(room) for _ in cache.layers]
+        for layer, (keys, values) in zip(cache.layers, kv or []):
+            layer.update(keys, values)
         return cache
 
     def forward(ids, mask, pos, cache):
@@ -353,7 +386,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                         width = max(old[0][0].shape[2], kv[0][0].shape[2])
                         kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
                               for (k0, v0), (k1, v1) in zip(old, kv)]
-                    cache = make_cache(kv)  # [n, H, W, Dh] per layer
+                    cache = make_cache(kv, max_new_tokens)  # [n, H, W, Dh] per layer, room for the steps
                     seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device) for r in new],
                                     max(len(r.context) + len(r.new) for r in run + new), 1, pad)  # [n, S]
                     logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
@@ -378,7 +411,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                     run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
                     width = max((r.cached() for r in run), default=0)
                     cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
-                                        for x in cache.layers]) if run else None
+                                        for x in cache.layers], max_new_tokens) if run else None
                     seq = seq[index, -(width + 1):] if run else None
                 if run:  # one decode step for the rows that go on
                     n = torch.tensor([r.cached() for r in run], device=device)  # [n]
