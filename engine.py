@@ -44,8 +44,8 @@ How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids
     once (the columns only it used go too); the others decode one token at position = their count of cached ids;
   * free slots take the next waiting rows: one prefill of their uncached ids on top of their kept KV, after which
     each row is compacted (torch.gather) and joined on the left-padded cache;
-  * the cache's layers keep max_new_tokens spare columns (`_roomy_layer`): a decode step writes its column in place,
-    where transformers' DynamicLayer copies the whole cache (torch.cat) at every step.
+  * the cache's layers keep a spare column for each decode step the rows can still take (`_roomy_layer`): a step
+    writes its column in place, where transformers' DynamicLayer copies the whole cache (torch.cat) at every step.
 Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
   1. Rows share forward passes with other rows than in hf's calls, so under one seed the sampled ids differ from hf's
      (the same distribution: tests/test_engine.py); greedy ids are equal (float rounding apart: the tests' greedy
@@ -264,8 +264,9 @@ def _roomy_layer(room: int):
     columns of a buffer with `room` more, and update() writes a step's new column into that room in place, where
     DynamicLayer copies the whole cache into a new tensor (torch.cat) at every step. Full, it moves to a buffer with
     `room` spare columns again. cb never batch-selects or crops a cache (it builds a new one), so only update is
-    changed. Memory: cb passes room = max_new_tokens, so a buffer is at most that wider than its widest row, where a
-    DynamicLayer holds its cache twice during each step's torch.cat."""
+    changed. Memory: cb's room is the most decode steps its rows can still take (at most max_new_tokens), so a buffer
+    never outgrows the widest context + max_new_tokens, where a DynamicLayer holds its cache twice during each step's
+    torch.cat."""
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):
@@ -321,6 +322,11 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
         for layer, (keys, values) in zip(cache.layers, kv or []):
             layer.update(keys, values)
         return cache
+
+    def steps_left(rows):
+        """The most decode steps the rows can still take, i.e. the cache columns they can still add: the room that
+        keeps a cache within the widest row's context + max_new_tokens, as the memory plan sizes it."""
+        return max(max_new_tokens - len(r.new) for r in rows)
 
     def forward(ids, mask, pos, cache):
         """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P]) -> the last
@@ -386,7 +392,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                         width = max(old[0][0].shape[2], kv[0][0].shape[2])
                         kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
                               for (k0, v0), (k1, v1) in zip(old, kv)]
-                    cache = make_cache(kv, max_new_tokens)  # [n, H, W, Dh] per layer, room for the steps
+                    cache = make_cache(kv, steps_left(run + new))  # [n, H, W, Dh] per layer
                     seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device) for r in new],
                                     max(len(r.context) + len(r.new) for r in run + new), 1, pad)  # [n, S]
                     logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
@@ -411,7 +417,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                     run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
                     width = max((r.cached() for r in run), default=0)
                     cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
-                                        for x in cache.layers], max_new_tokens) if run else None
+                                        for x in cache.layers], steps_left(run)) if run else None
                     seq = seq[index, -(width + 1):] if run else None
                 if run:  # one decode step for the rows that go on
                     n = torch.tensor([r.cached() for r in run], device=device)  # [n]
