@@ -151,21 +151,38 @@ def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
 
 def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
     """Turn 2 keeps 2, 5 and all 8 of turn 1's ids before an observation: cb feeds only the uncached ids (the cut
-    tail's KV is dropped) and its greedy ids equal hf's, which re-prefills every context."""
+    tail's KV is dropped) and its greedy ids and every step's logits equal hf's, which re-prefills every context
+    (logits up to float32 rounding: ids alone can miss a kept KV off by one position)."""
     model, tok = tiny
-    fed = []
+    fed, seen = [], {"hf": {}, "cb": {}}
+
+    def recorder(name):  # logits processor: each row's scores [V] by its ids (left padding stripped)
+        def record(input_ids, scores):
+            for ids, row in zip(input_ids.tolist(), scores):
+                while ids and ids[0] == tok.pad_token_id:
+                    ids.pop(0)
+                seen[name][tuple(ids)] = row.clone()
+            return scores
+        return record
+
     forward = model.forward
     model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
-        cb = cb_generator(model, tok, max_new_tokens=8, do_sample=False, batch_size=3)
+        cb = cb_generator(model, tok, max_new_tokens=8, do_sample=False, batch_size=3,
+                          logits_processor=[recorder("cb")])
         first = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?")]
         new = cb(first)
         assert [len(n) for n in new] == [8, 8, 8]
         second = [c + n[:k] + enc(tok, " obs") for c, n, k in zip(first, new, (2, 5, 8))]
         fed.clear()
-        assert cb(second) == hf_generator(model, tok, max_new_tokens=8, do_sample=False)(second)
+        seen["cb"].clear()
+        hf = hf_generator(model, tok, max_new_tokens=8, do_sample=False, logits_processor=[recorder("hf")])
+        assert cb(second) == hf(second)
     finally:
         model.forward = forward
+    assert seen["cb"].keys() == seen["hf"].keys()
+    torch.testing.assert_close(torch.stack([seen["cb"][k] for k in seen["hf"]]), torch.stack(list(seen["hf"].values())),
+                               rtol=1e-4, atol=1e-4)  # float32 logits of a 64-wide model: rounding is ~1e-6
     assert len(fed) > 1 and fed[0] <= 1 + len(enc(tok, " obs"))  # the prefill: at most the last id and " obs" a row
 
 
