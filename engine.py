@@ -10,29 +10,24 @@ invalid-action message). `cb` (`cb_generator`, the default) is our own decode lo
 (continuous batching): a row that stops leaves its slot at once and the next waiting row is prefilled into it, and
 each row's KV is kept across turns as hf-kv's is. Figures: docs/scaling.md ("Generation engines").
 
-How hf-kv extends a cached row (shapes: n rows of a call, W cached positions, P the longest new piece):
-  * after a call, the cache holds W = sequences.shape[1] - 1 positions per row (the last sampled token has no KV yet);
-    `tokens [n, W]` and `mask [n, W]` (0 = left padding or a dropped position) say what each position holds;
-  * the next context of a row must start with the row's cached real tokens (mask 1) up to some position p: rollout
-    appends to what it kept, and `cut_turn` drops the tail of a turn after its stop string or EOS. Positions from p on
-    (the dropped tail, the padding HF wrote after the row stopped) are masked to 0 and stay in the cache as holes;
-  * the rest of the context (the new piece) is left-padded to P and fed after position W, so a row's last real token
-    is always the last column, as in a left-padded batch. Position ids are HF's own, the mask's cumsum: a row's real
-    tokens get the same positions as in today's re-prefilled, left-padded context, and attend to the same tokens.
-So the logits are those of the re-prefilled path up to float rounding (the softmax runs over a wider, masked row):
-greedy ids match exactly in tests/test_engine.py; sampled ids match too while the turn's rows fit one call, since the
-calls then hold the same rows in the same order as hf's and draw the same random numbers (a rounding difference at a
-top-p boundary can move one sample; it is not a different distribution).
+How hf-kv extends a cached row (shapes: n rows of a call, W cached positions, P the longest new piece): after a call
+the cache holds W = sequences.shape[1] - 1 positions per row (the last sampled token has no KV yet), and `tokens
+[n, W]`, `mask [n, W]` (0 = left padding or a dropped position) say what each holds. A row's next context starts with
+its cached real tokens up to some position p (rollout appends to what it kept; `cut_turn` drops a turn's tail after
+its stop): positions from p on (that tail, HF's padding after the row stopped) are masked to 0 and stay as holes. The
+rest of the context is left-padded to P and fed after position W, so a row's last real token is the last column;
+position ids are HF's (the mask's cumsum), so a row's tokens get the positions and attend to the tokens they would in
+a re-prefilled, left-padded context. So the logits are the re-prefilled path's up to float rounding: greedy ids match
+exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (the same rows, order and random
+numbers as hf's; a rounding difference at a top-p boundary can move one sample, not the distribution).
 
 Departures of hf-kv from hf (the ids kept and the sampling are the same: departures 6-8 hold):
-  1. Rows keep the call they started in: a call's rows that stopped leave it (their cache rows are dropped,
-     DynamicCache.batch_select_indices), and calls are never merged or refilled, so with more rows than gen_batch_size
-     the calls hold different rows than hf's re-chunked calls (the ids differ from hf's under sampling; same
-     distribution).
-  2. Memory: every call's cache is kept until the rollout ends (the next first-turn call drops them), so the KV cache
-     of all rows of a turn is held at once, not one call's. The memory plan (memory.memory_plan) sizes one call; with
-     more rows than one call this path needs up to rows / gen_batch_size times that call's KV cache (but no
-     re-prefill peak). Holes (dropped tails) are not reclaimed: a row's cache is as wide as its call's widest row.
+  1. Rows keep the call they started in: stopped rows leave it (DynamicCache.batch_select_indices) and calls are
+     never merged or refilled, so with more rows than gen_batch_size the calls hold other rows than hf's re-chunked
+     calls (other ids under sampling; the same distribution).
+  2. Memory: every call's cache is kept until the rollout ends, so a turn's rows hold their KV at once: up to
+     rows / gen_batch_size times the one call the memory plan (memory.memory_plan) sizes (but no re-prefill peak).
+     Holes (dropped tails) are not reclaimed: a row's cache is as wide as its call's widest row.
   3. Contexts are matched to cached rows in order (rollout keeps its rows' order and only drops finished ones); a
      context that extends no cached row starts a fresh set of calls (a new rollout), as hf would.
 
@@ -43,9 +38,8 @@ How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids
     or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at
     once (the columns only it used go too); the others decode one token at position = their count of cached ids;
   * free slots take the next waiting rows: one prefill of their uncached ids on top of their kept KV, after which
-    each row is compacted (torch.gather) and joined on the left-padded cache;
-  * the cache's layers keep a spare column for each decode step the rows can still take (`_roomy_layer`): a step
-    writes its column in place, where transformers' DynamicLayer copies the whole cache (torch.cat) at every step.
+    each row is compacted (torch.gather) and joined on the left-padded cache, whose layers keep a column of room for
+    each step the rows can still take (`_roomy_layer`: a step writes in place, not a torch.cat of the whole cache).
 Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
   1. Rows share forward passes with other rows than in hf's calls, so under one seed the sampled ids differ from hf's
      (the same distribution: tests/test_engine.py); greedy ids are equal (float rounding apart: the tests' greedy
@@ -136,9 +130,8 @@ def _extends(context: list[int], prev: list[int]) -> bool:
 
 def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
                  do_sample: bool = True, batch_size: int = 64, logits_processor=None):
-    """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across turns.
-
-    Arguments as hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
+    """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across turns. Arguments as
+    hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row that stopped early is padded to
     its call's longest row: `cut_turn` drops it), with generate.eos_ids (a frozenset), and generate.reset() to drop the
     kept caches (rollout need not call it: a context that extends no kept row starts afresh).
@@ -240,12 +233,8 @@ def _processors(gen_cfg, extra, device):
 
 def _left_pad(tensors: list, width: int, dim: int, value=0):
     """Pad each tensor on the left of `dim` to `width` with `value` and concatenate them along dim 0."""
-    out = []
-    for t in tensors:
-        shape = list(t.shape)
-        shape[dim] = width - t.shape[dim]
-        out.append(torch.cat([t.new_full(shape, value), t], dim))
-    return torch.cat(out)
+    return torch.cat([torch.cat([t.new_full((*t.shape[:dim], width - t.shape[dim], *t.shape[dim + 1:]), value), t], dim)
+                      for t in tensors])
 
 
 class _Row:
@@ -260,13 +249,10 @@ class _Row:
 
 
 def _roomy_layer(room: int):
-    """A KV cache layer for `cb`: transformers' DynamicLayer, but its keys and values [n, H, W, Dh] are the first W
-    columns of a buffer with `room` more, and update() writes a step's new column into that room in place, where
-    DynamicLayer copies the whole cache into a new tensor (torch.cat) at every step. Full, it moves to a buffer with
-    `room` spare columns again. cb never batch-selects or crops a cache (it builds a new one), so only update is
-    changed. Memory: cb's room is the most decode steps its rows can still take (at most max_new_tokens), so a buffer
-    never outgrows the widest context + max_new_tokens, where a DynamicLayer holds its cache twice during each step's
-    torch.cat."""
+    """A KV cache layer for `cb`: transformers' DynamicLayer, whose keys and values [n, H, W, Dh] are the first W
+    columns of a buffer with `room` more: update() writes a step's column in place where DynamicLayer copies the whole
+    cache (torch.cat) at every step; full, it moves to a new buffer. cb never batch-selects or crops a cache. cb's room,
+    the steps its rows can still take, keeps a buffer within the widest context + max_new_tokens."""
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):
@@ -275,9 +261,8 @@ def _roomy_layer(room: int):
                 self.lazy_initialization(key_states, value_states)
             w, p = self.get_seq_length(), key_states.shape[-2]
             if w == 0 or w + p > self.room_keys.shape[-2]:  # a new buffer: the cached columns, the new, `room`
-                self.room_keys = key_states.new_empty(*key_states.shape[:2], w + p + room, key_states.shape[-1])
-                self.room_values = value_states.new_empty(*value_states.shape[:2], w + p + room,
-                                                          value_states.shape[-1])
+                self.room_keys, self.room_values = (x.new_empty(*x.shape[:2], w + p + room, x.shape[-1])
+                                                    for x in (key_states, value_states))
                 if w:
                     self.room_keys[:, :, :w], self.room_values[:, :, :w] = self.keys, self.values
             self.room_keys[:, :, w:w + p], self.room_values[:, :, w:w + p] = key_states, value_states
@@ -295,10 +280,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
 
     Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where hf's would (its
     EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal hf's (up to float rounding:
-    tests/test_engine.py). Each step: scores = processors(ids [n, S], logits [n, V]); ids sampled (softmax +
-    multinomial, or argmax when do_sample=False); the rows that stopped leave; the others decode one token with
-    position ids = their count of cached ids (the mask's cumsum, as hf's); waiting rows are prefilled together and
-    joined on the left-padded cache [n, H, W, Dh].
+    tests/test_engine.py). A step: the module docstring's "How cb runs a turn".
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, each ending at its stop (no padding),
     with generate.eos_ids (a frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
     """
@@ -313,8 +295,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     kept = []  # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is held, KV)
 
     def make_cache(kv, room=0):
-        """A DynamicCache holding kv ((K, V) per layer, each [n, H, W, Dh]; [] for an empty one), its layers with
-        `room` spare columns for the decode steps to write into (`_roomy_layer`)."""
+        """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room` (`_roomy_layer`)."""
         cache = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in cache.layers):
             raise ValueError("--generator cb needs full-attention layers (no sliding window): use --generator hf")
@@ -324,8 +305,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
         return cache
 
     def steps_left(rows):
-        """The most decode steps the rows can still take, i.e. the cache columns they can still add: the room that
-        keeps a cache within the widest row's context + max_new_tokens, as the memory plan sizes it."""
+        """The most decode steps the rows can still take: the columns their cache can still gain (its room)."""
         return max(max_new_tokens - len(r.new) for r in rows)
 
     def forward(ids, mask, pos, cache):
