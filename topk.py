@@ -32,8 +32,8 @@ def compiled():
 
 
 def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows, qptr, qwords, lucene, out_docs,
-                   out_scores, out_found, acc, touched, marks, first, step):
-    """SparseBM25.top_many's compiled loop: queries q = first, first + step, ... < Q, query q being the words
+                   out_scores, out_found, acc, touched, marks, mine):
+    """SparseBM25.top_many's compiled loop: the queries q in mine [<= Q] (this thread's share), query q being the words
     qwords[qptr[q]:qptr[q+1]] (term ids, -1 for a word not in the index; its terms and counts: `_query_terms`), into
     rows q of out_docs [Q, k] (-1 filled) and out_scores [Q, k] (zeros) and their number of hits out_found[q];
     scratch (zeros, left so): acc [D] float64, touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums
@@ -57,7 +57,7 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows,
     list's. okapi keeps its stop words, whose lists are most of its postings (the, of, and: in 84-95% of the passages
     of our QA bundle); measured 1.5-2x faster on them."""
     k, D, one, lo_slack, hi_slack = out_docs.shape[1], len(acc), np.float32(1), 1 - PRUNE_SLACK, 1 + PRUNE_SLACK
-    for q in range(first, len(qptr) - 1, step):
+    for q in mine:
         qterms, qcounts = _query_terms(qwords, qptr[q], qptr[q + 1], lucene)  # [n] each
         n = len(qterms)
         lens = np.empty(n, np.int64)  # [n] posting list lengths

@@ -748,11 +748,13 @@ def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant, engine, monkey
 def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkeypatch):
     """On the real sample (600 passages, 200 questions): top_many of all the questions at once, compiled by numba
     (forced: the sample is below NUMBA_FROM) and in numpy, == top_k(get_scores) of each, ids and scores bit for bit.
-    okapi keeps its stop words, so the compiled search adds the words in over half the passages as dense rows."""
+    okapi keeps its stop words, so the compiled search adds the words in over half the passages as dense rows. The
+    queries go to the threads as t, t + T, ... and dealt by their postings (BALANCE_FROM forced to 0)."""
     monkeypatch.setattr(bm25, "NUMBA_FROM", 0)
     retriever = BM25Retriever(load_corpus(QA_SAMPLE / "corpus.jsonl"), bm25=variant, engine="sparse")
     index, queries = retriever.bm25, [retriever.analyze(q) for q in real_questions(200)]
-    for k in (1, 3, 10):
+    for k, balance_from in ((1, 0), (3, 0), (3, 10 ** 9), (10, 10 ** 9)):
+        monkeypatch.setattr(bm25, "BALANCE_FROM", balance_from)
         expected = [(top_k(scores, k), scores) for scores in map(index.get_scores, queries)]
         for numba in ([True, False] if bm25.NUMBA else [False]):
             monkeypatch.setattr(bm25, "NUMBA", numba)
@@ -762,6 +764,22 @@ def test_batched_topk_on_real_text_is_the_dense_topk_bit_for_bit(variant, monkey
     if bm25.NUMBA and variant == "okapi":
         inv = {t: w for w, t in index.vocab.items()}
         assert {"the", "of"} <= {inv[t] for t in np.flatnonzero(index._search_arrays()[7] >= 0)}  # rows were used
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_threads_shares_hold_every_query_once_with_about_equal_postings(threads, monkeypatch):
+    """SparseBM25._shares: every query of a batch goes to exactly one thread, and dealt by postings (BALANCE_FROM
+    forced to 0) no thread's postings exceed an equal share by more than the largest query's."""
+    monkeypatch.setattr(bm25, "BALANCE_FROM", 0)
+    index = BM25Retriever(load_corpus(QA_SAMPLE / "corpus.jsonl"), bm25="lucene", engine="sparse").bm25
+    rng, df = np.random.default_rng(threads), np.diff(index.indptr)
+    lens = rng.integers(0, 9, 50)  # [Q] words a query (0: an empty query)
+    qptr, qwords = np.concatenate([[0], np.cumsum(lens)]), rng.integers(-1, len(df), lens.sum())  # -1: unknown
+    shares = index._shares(qptr, qwords, threads)
+    assert len(shares) == threads and sorted(np.concatenate(shares).tolist()) == list(range(50))
+    cost = np.array([df[qwords[a:b][qwords[a:b] >= 0]].sum() for a, b in zip(qptr[:-1], qptr[1:])])  # [Q]
+    loads = [cost[share].sum() for share in shares]
+    assert max(loads) - cost.sum() / threads <= cost.max()
 
 
 @pytest.mark.parametrize("engine", [NUMBA, "python"])
