@@ -358,7 +358,7 @@ class SparseBM25:
         """Each of `threads` threads' queries ([T] int64 arrays): below BALANCE_FROM passages t, t + T, ...; from it,
         by their postings, most first, dealt 0, 1, ..., T-1, T-1, ..., 0, 0, ... (1M and 100K lucene batches: 17%
         faster; t, t + T, ... gave a thread up to 1.33x an equal share there; at 13,823 dealing cost 2-6%)."""
-        if self.num_docs < BALANCE_FROM:  # (a query's cost there is more its pass over all D)
+        if threads == 1 or self.num_docs < BALANCE_FROM:  # (below, a query's cost is more its pass over all D)
             return [np.arange(t, len(qptr) - 1, threads) for t in range(threads)]
         postings = np.where(qwords >= 0, self.indptr[qwords + 1] - self.indptr[qwords], 0)  # [words]
         cum = np.concatenate([[0], np.cumsum(postings)])
