@@ -236,7 +236,7 @@ class SparseBM25:
         self.num_docs = num_docs  # D
         self.variant = variant  # "okapi" or "lucene"
         self.idf = idf  # [V] float32 for "lucene"; None for "okapi" (the idf is inside its values)
-        self._scratch, self._lock, self._arrays = None, threading.Lock(), None  # top_many's, made on first use
+        self._scratch, self._lock, self._arrays = [], threading.Lock(), None  # top_many's, made on first use
 
     @classmethod
     def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25,
@@ -333,22 +333,19 @@ class SparseBM25:
         import topk  # (numba's import is slow: on the first search)
 
         search, pool, cores = topk.compiled()
-        Q, threads, lens = len(queries), min(len(queries), cores), list(map(len, queries))
-        qptr = np.zeros(Q + 1, np.int64)  # query q's words: qwords[qptr[q]:qptr[q+1]], term ids (-1: not indexed)
-        np.cumsum(lens, out=qptr[1:])
+        Q, threads = len(queries), min(len(queries), cores)  # qptr: query q's words are qwords[qptr[q]:qptr[q+1]]
+        qptr = np.fromiter(itertools.accumulate(map(len, queries), initial=0), np.int64, Q + 1)  # [Q + 1]
         qwords = np.fromiter(map(self.vocab.get, itertools.chain.from_iterable(queries), itertools.repeat(-1)),
-                             np.int64, qptr[-1])  # (topk._query_terms makes each query's terms and counts)
-        docs, scores, found = np.full((Q, k), -1, np.int64), np.zeros((Q, k)), np.zeros(Q, np.int64)  # [Q, k], [Q]
+                             np.int64, qptr[-1])  # [words] term ids, -1: not indexed (topk._query_terms: counts)
+        docs, scores, found = np.empty((Q, k), np.int64), np.empty((Q, k)), np.empty(Q, np.int64)  # (each row written)
         args = (*(self._arrays or self._search_arrays()), qptr, qwords, self.variant == "lucene", docs, scores, found)
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
-            if self._scratch is None or len(self._scratch[0]) < threads:
-                D = self.num_docs  # each thread's score sums, passages touched and bits (topk.py)
-                self._scratch = np.zeros((threads, D)), np.zeros((threads, D), np.int32), \
-                    np.zeros((threads, D // 8 + 1), np.uint8)
-            acc, touched, marks = self._scratch
+            D, rows = self.num_docs, self._scratch  # per thread: score sums [D], passages touched [D], bits (topk.py)
+            rows += [(np.zeros(D), np.zeros(D, np.int32), np.zeros(D // 8 + 1, np.uint8))
+                     for _ in range(threads - len(rows))]
             mine = self._shares(qptr, qwords, threads)  # thread t's queries (this thread: t = 0)
-            others = [pool.submit(search, *args, acc[t], touched[t], marks[t], mine[t]) for t in range(1, threads)]
-            search(*args, acc[0], touched[0], marks[0], mine[0])  # the compiled loop runs without the GIL
+            others = [pool.submit(search, *args, *rows[t], mine[t]) for t in range(1, threads)]
+            search(*args, *rows[0], mine[0])  # the compiled loop runs without the GIL
             for other in others:
                 other.result()
         found = found.tolist()

@@ -35,7 +35,7 @@ def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows,
                    out_scores, out_found, acc, touched, marks, mine):
     """SparseBM25.top_many's compiled loop: the queries q in mine [<= Q] (this thread's share), query q being the words
     qwords[qptr[q]:qptr[q+1]] (term ids, -1 for a word not in the index; its terms and counts: `_query_terms`), into
-    rows q of out_docs [Q, k] (-1 filled) and out_scores [Q, k] (zeros) and their number of hits out_found[q];
+    rows q of out_docs [Q, k] and out_scores [Q, k] (written whole: -1 and 0.0 past the hits), hits out_found[q];
     scratch (zeros, left so): acc [D] float64, touched [D] int32, marks [D / 8 + 1] uint8 (a bit per passage). Sums
     and ties as get_scores and top_k: okapi adds its float64 values word after word from 0.0; lucene adds its float32
     term scores w - w / (1 + value), w = count * idf (count1 [nnz]: those at count 1), in float64 (exact, so in any
