@@ -340,12 +340,12 @@ class SparseBM25:
         docs, scores, found = np.empty((Q, k), np.int64), np.empty((Q, k)), np.empty(Q, np.int64)  # (each row written)
         args = (*(self._arrays or self._search_arrays()), qptr, qwords, self.variant == "lucene", docs, scores, found)
         with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
-            D, rows = self.num_docs, self._scratch  # per thread: score sums [D], passages touched [D], bits (topk.py)
-            rows += [(np.zeros(D), np.zeros(D, np.int32), np.zeros(D // 8 + 1, np.uint8))
-                     for _ in range(threads - len(rows))]
+            D, scratch = self.num_docs, self._scratch  # per thread: score sums [D], passages touched [D], bits
+            scratch += [(np.zeros(D), np.zeros(D, np.int32), np.zeros(D // 8 + 1, np.uint8))
+                        for _ in range(threads - len(scratch))]  # (topk.search_queries' acc, touched, marks)
             mine = self._shares(qptr, qwords, threads)  # thread t's queries (this thread: t = 0)
-            others = [pool.submit(search, *args, *rows[t], mine[t]) for t in range(1, threads)]
-            search(*args, *rows[0], mine[0])  # the compiled loop runs without the GIL
+            others = [pool.submit(search, *args, *scratch[t], mine[t]) for t in range(1, threads)]
+            search(*args, *scratch[0], mine[0])  # the compiled loop runs without the GIL
             for other in others:
                 other.result()
         found = found.tolist()

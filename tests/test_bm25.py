@@ -278,7 +278,8 @@ def test_fast_stemmer_gives_martin_porters_stems():
     """bm25._porter_stem (PyStemmer's Snowball "porter" where it agrees with Martin Porter's code, NLTK's
     MARTIN_EXTENSIONS elsewhere) gives NLTK's stem for every word of the real sample and 20,000 fuzzed words built
     from Porter's suffixes (those where the two algorithms differ, -bli -logi, double consonants, 1-2 letters,
-    among them), half of them with digits, accented letters and punctuation; without PyStemmer, _porter_stem is NLTK's alone."""
+    among them), half of them with digits, accented letters and punctuation; without PyStemmer, _porter_stem is
+    NLTK's alone."""
     from nltk.stem.porter import PorterStemmer
 
     martin = PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS)
