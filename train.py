@@ -399,6 +399,8 @@ def main(args: Args, rerun: str = ""):
                 ref_logp = batch_logp(ref_model(), batch, args.micro_batch_size, args.temperature, vocab_size) \
                     if ref_model else None  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()  # the passes' kernels have ended when the clock is read (perf/logp_s)
             t_update = time.time()
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
             per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,

@@ -1,31 +1,41 @@
-"""The GPU check: one prepared script that tells, in about 8 minutes on one GPU and without the hub, whether the
-GPU path works and what a step costs there. NOT RUN ON A GPU YET: every figure in docs/ so far is from --tiny on a CPU.
+"""The GPU check: one prepared script that tells, in about 7 minutes on one GPU and without the hub, whether the
+GPU path works and what a step costs there. Every part runs in its own process with a time limit; the JSON is
+rewritten after each part, so a run cut short keeps what it measured.
 
 1. Models: Qwen2.5-0.5B and Qwen2.5-3B with random weights, their shapes from benchmarks/memory_plan.py's CONFIGS
    (each model's config.json), and the tests' tokenizer (tests/tiny.py), saved to a temporary folder. Random weights
    rarely write a valid <search> or <answer>: the figures are of generation, retrieval and training, not learning.
 2. Tests: the test files whose code takes the CUDA path on a GPU machine (train.py and evaluate.py with --device auto:
    CUDA autocast, the memory plan from cuda free memory, CUDA RNG state in checkpoints), with pytest in a
-   subprocess. With --tiny they are skipped (CI runs the whole suite on CPU anyway) unless --tests names some.
+   subprocess, in the background while part 3 runs (its rows say which overlapped them). With --tiny they are
+   skipped (CI runs the whole suite on CPU anyway) unless --tests names some.
 3. Training: 2 steps of the real train.py (train.main, as scripts/spiral.py calls it) per model, without and with
    --fsdp on one rank (torchrun --nproc_per_node 1), on a search world built by scripts/search_world.py: 64
    questions x 5 answers, 1 search turn + the answer turn of 128 new tokens, 2 optimizer steps per step,
    --gen-batch-size auto. The run's checkpoint is not saved (train.save_checkpoint is replaced by a no-op: a 3B
    checkpoint with its AdamW state is ~37 GB of disk and minutes of writing). One table row per (model, --fsdp):
    step 2's time split from metrics.jsonl (generation = perf/rollout_s minus the searches' time, retrieval, log-prob
-   passes = perf/logp_s, update = perf/update_s), generated tokens/s, peak memory (torch.cuda.max_memory_allocated;
-   ru_maxrss on a CPU), and MFU of the update = 6 x params x trained tokens (the batch's real tokens) / update time /
-   peak bf16 FLOP/s; perf/update_s also holds the after-update log-prob pass (2 x params x tokens more, not
-   counted), so this is a lower bound. A run that fails (out of memory, a bug) keeps its error in the JSON and the
-   table, and the check goes on; the whole check stops starting runs after BUDGET_S (8 minutes).
+   passes = perf/logp_s, update = train.update alone, timed with the GPU synchronised), generated tokens/s, peak
+   memory (torch.cuda.max_memory_allocated, also per phase; ru_maxrss on a CPU) beside the memory plan's figures,
+   and MFU of the update = 6 x params x trained tokens (the batch's real tokens) / update time / peak bf16 FLOP/s
+   (attention's FLOPs left out: a lower bound).
+4. Generation: --generator cb against hf on Qwen2.5-0.5B, greedy, 64 rows of two turns (the second after an
+   observation) of 128 new tokens, in fp32 (the exactness check: the same ids row by row, or where they part) and
+   under bf16 autocast (training's rollout): useful tokens (up to each row's first EOS) per second for each.
+5. The main command's settings (python train.py --model Qwen/Qwen2.5-3B --llds 0.1: 3 search turns of 500 new and
+   500 retrieved tokens, group 5, --micro-batch-size and --gen-batch-size from the plan) for one step on 3B with
+   MAIN_PROMPTS prompts, if MAIN_MIN_S of the budget is left, and that step's time extrapolated to 512 prompts
+   (the arithmetic is printed).
+The whole check stops starting parts after BUDGET_S.
 
     python benchmarks/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
-    python benchmarks/gpu_check.py --tiny --out /tmp/x.json # on a CPU in ~15 s: the tests' tiny model (CI)
+    python benchmarks/gpu_check.py --tiny --out /tmp/x.json # on a CPU in ~30 s: the tests' tiny model (CI)
 """
 
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -49,8 +59,9 @@ MODELS = ("Qwen2.5-0.5B", "Qwen2.5-3B")
 # the retrieval server's run (a CPU HTTP path) and the concept files' demos (CPU by design)
 CUDA_TESTS = ["tests/test_train.py", "tests/test_checkpoint.py",
               "tests/test_evaluate.py::test_eval_end_to_end_on_the_tiny_model", "-k", "not served and not runs_alone"]
-BUDGET_S = 480  # 8 minutes: the tests get TEST_TIMEOUT_S, each training run what is left (a run left none: not run)
-TEST_TIMEOUT_S = 120
+BUDGET_S = 420  # 7 minutes: no part starts after it; each part's limit is what is left of it
+TEST_TIMEOUT_S = 240  # the tests, in the background beside the training runs
+TEST_WORKERS = "4"  # pytest-xdist processes for the tests (-n); each starts train.py subprocesses of its own
 STEPS = 2
 TRAIN = {  # train.py flags: --tiny's, and the realistic batch's on a GPU
     "tiny": ["--prompts-per-step", "2", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "16",
@@ -59,6 +70,13 @@ TRAIN = {  # train.py flags: --tiny's, and the realistic batch's on a GPU
             "--max-obs-tokens", "256", "--mini-batch-size", "160", "--micro-batch-size", "8"],
 }
 COMMON = ["--steps", str(STEPS), "--gen-batch-size", "auto", "--warmup-ratio", "0", "--lr", "1e-6"]
+PAPER_PROMPTS, MAIN_PROMPTS, MAIN_MIN_S = 512, 8, 120  # part 5: one step of MAIN_PROMPTS, if MAIN_MIN_S are left
+MAIN = {  # part 5's flags over train.py's defaults (the main command's: group 5, 3 turns of 500 + 500 tokens)
+    "tiny": ["--prompts-per-step", "2", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "16",
+             "--max-obs-tokens", "48", "--mini-batch-size", "4"],
+    "gpu": ["--prompts-per-step", str(MAIN_PROMPTS), "--mini-batch-size", str(MAIN_PROMPTS * 5)],
+}
+GEN = {"tiny": (8, 16), "gpu": (64, 128)}  # part 4: rows, new tokens per turn
 
 
 def build(name: str, folder: Path, device: str) -> int:
@@ -75,41 +93,148 @@ def build(name: str, folder: Path, device: str) -> int:
     (model if name == "tiny" else model.to(torch.bfloat16)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
-    torch.cuda.empty_cache() if device == "cuda" else None
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return n
 
 
+def plan_figures(text: str) -> dict:
+    """The memory plan's printed figures (memory.memory_plan's lines) as numbers: static, generate and update GiB,
+    rows per generate call, micro-batch size and --grad-ckpt; the predicted peak is static + the larger of the two."""
+    static = float(re.search(r"static ([\d.]+) GiB", text)[1])
+    gen = re.search(r"generate: (\d+) rows per call .*?= ([\d.]+) GiB", text)
+    upd = re.search(r"update: --micro-batch-size (\d+) .*?--grad-ckpt (on|off) .*?= ([\d.]+) GiB", text)
+    return {"static_gib": static, "gen_rows": int(gen[1]), "gen_gib": float(gen[2]), "micro": int(upd[1]),
+            "grad_ckpt": upd[2] == "on", "update_gib": float(upd[3]),
+            "peak_gib": static + max(float(gen[2]), float(upd[3]))}
+
+
 def child(model: str, out_dir: str, flags: list[str]):
-    """In the subprocess (python, or torchrun for --fsdp): train.main with timed searches, counted tokens and no
-    checkpoint; writes OUT_DIR/gpu_check_row.json (rank 0): per step the metrics' timings, the searches' seconds,
-    the tokens the model processed (real tokens of the collated batch) and the peak memory."""
+    """In the subprocess (python, or torchrun for --fsdp): train.main with timed searches, counted tokens, the memory
+    plan kept, the rollout, log-prob passes and update timed with the GPU synchronised (each phase's peak memory
+    too), and no checkpoint; writes OUT_DIR/gpu_check_row.json (rank 0): per step the metrics' timings, the
+    searches' seconds, the tokens the model processed (real tokens of the collated batch) and each phase's time and
+    peak, and the whole run's peak memory."""
     import torch
 
     import train
     from bench_step import time_retrieval
 
-    timing, steps = time_retrieval(train), []
-    collate = train.collate
+    args = train.parse_args(["--model", model, "--out-dir", out_dir, *flags])
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    timing, steps, phases, plans, between = time_retrieval(train), [], {}, [], [0]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def watched(fn, name):  # fn timed and its peak memory read (the peak counter is reset at its start)
+        def wrapped(*a, **kw):
+            sync()
+            if cuda:
+                between[0] = max(between[0], torch.cuda.max_memory_allocated())  # load, collate, metrics
+                torch.cuda.reset_peak_memory_stats()
+            t = time.time()
+            out = fn(*a, **kw)
+            sync()
+            phase = phases.setdefault(name, {"s": 0.0, "calls": 0, "peak_bytes": 0})
+            phase["s"] += time.time() - t
+            phase["calls"] += 1
+            if cuda:
+                phase["peak_bytes"] = max(phase["peak_bytes"], torch.cuda.max_memory_allocated())
+            return out
+        return wrapped
+
+    for name in ("rollout", "batch_logp", "update"):
+        setattr(train, name, watched(getattr(train, name), name))
+    collate, log_step, memory_plan = train.collate, train.log_step, train.memory_plan
+    tokens = []
 
     def counted_collate(episodes, pad_id):  # called once per step, right after the rollout
         batch = collate(episodes, pad_id)
-        steps.append({"retrieval_s": timing["retrieval_s"] - sum(s["retrieval_s"] for s in steps),
-                      "tokens": int(batch["attention_mask"].sum())})
+        tokens.append(int(batch["attention_mask"].sum()))
         return batch
 
-    train.collate = counted_collate
+    def logged_step(step, m, *a, **kw):  # the end of a step: its phases, searches and tokens
+        log_step(step, m, *a, **kw)
+        steps.append({"retrieval_s": timing["retrieval_s"] - sum(s["retrieval_s"] for s in steps),
+                      "tokens": tokens[-1], "phases": {k: dict(v) for k, v in phases.items()}})
+        phases.clear()
+
+    def kept_plan(*a, **kw):  # and the plan at the paper's 512 prompts, for part 5's rows per generate call
+        out = memory_plan(*a, **kw)
+        plans.extend([out[-1], memory_plan(*a, **{**kw, "rows": PAPER_PROMPTS * args.group_size})[-1]])
+        return out
+
+    train.collate, train.log_step, train.memory_plan = counted_collate, logged_step, kept_plan
     train.save_checkpoint = lambda *a, **kw: None  # no 37 GB checkpoint of random weights (the docstring)
-    args = train.parse_args(["--model", model, "--out-dir", out_dir, *flags])
     train.main(args)
     if int(os.environ.get("RANK", 0)) != 0:
         return
-    cuda = torch.cuda.is_available() and args.device != "cpu"
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peaks = [between[0], torch.cuda.max_memory_allocated()] if cuda else []
+    peak = max(peaks + [p["peak_bytes"] for s in steps for p in s["phases"].values()]) if cuda \
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     metrics = [json.loads(s) for s in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     for s, m in zip(steps, metrics, strict=True):
         s.update({k: m[k] for k in ("perf/step_s", "perf/rollout_s", "perf/logp_s", "perf/update_s",
                                     "rollout/response_tokens", "rollout/reward")})
-    atomic_write(Path(out_dir) / "gpu_check_row.json", json.dumps({"steps": steps, "peak_bytes": peak}))
+    atomic_write(Path(out_dir) / "gpu_check_row.json", json.dumps({
+        "steps": steps, "peak_bytes": peak, "cuda": cuda, "plan": plans[0], "plan_paper": plans[1],
+        "max_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None}))
+
+
+def gen_child(model: str, questions: str, out: str, rows: int, new_tokens: int):
+    """In the subprocess: cb and hf, greedy, on `rows` questions of two turns (the second after an observation) of
+    `new_tokens` each, all rows in one call; in fp32 and (on a GPU) under bf16 autocast. Writes OUT (JSON): per mode
+    and engine the seconds (GPU synchronised, after a warm-up call), the useful tokens (rollout.cut_turn's: up to the
+    first EOS or stop string) and tokens/s; per mode how many rows' ids are the same and where the others part."""
+    import torch
+
+    from data import load_questions
+    from engine import GENERATORS
+    from policy import autocast, load_policy
+    from rollout import cut_turn
+
+    cuda = torch.cuda.is_available()
+    policy, tok, device = load_policy(model, "float32", "cuda" if cuda else "cpu")
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    qs = [r["question"] for r in load_questions(questions)[:rows]]
+    contexts = [enc(" ".join([q] * (1 + i % 3))) for i, q in enumerate(qs)]  # of several lengths: left padding
+    obs = [enc(f"\n<information>Doc {i}: " + "the town lies by the river. " * (1 + i % 4) + "</information>\n")
+           for i in range(len(qs))]
+    report = {"rows": len(contexts), "new_tokens": new_tokens, "modes": {}}
+    for mode in ("fp32", "bf16") if cuda else ("fp32",):
+        amp, got = autocast("bf16" if mode == "bf16" else "off", device), {}
+        for name in ("hf", "cb"):
+            generate = GENERATORS[name](policy, tok, max_new_tokens=new_tokens, do_sample=False, batch_size=rows)
+
+            def turns(ctx):
+                with amp():
+                    first = [cut_turn(x, tok, generate.eos_ids)[0] for x in generate(ctx)]
+                    second = [cut_turn(x, tok, generate.eos_ids)[0]
+                              for x in generate([c + f + o for c, f, o in zip(ctx, first, obs)])]
+                getattr(generate, "reset", lambda: None)()
+                return first, second
+
+            turns(contexts[:2])  # warm-up: kernels, the allocator
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.time()
+            ids = turns(contexts)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds, useful = time.time() - t, sum(len(x) for turn in ids for x in turn)
+            got[name] = {"ids": ids, "s": round(seconds, 3), "tokens": useful, "tok_s": useful / seconds}
+        parts = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+                 for turn in range(2) for x, y in zip(got["hf"]["ids"][turn], got["cb"]["ids"][turn]) if x != y]
+        report["modes"][mode] = {
+            **{name: {k: v for k, v in g.items() if k != "ids"} for name, g in got.items()},
+            "rows_same": sum(x == y for turn in range(2) for x, y in zip(got["hf"]["ids"][turn], got["cb"]["ids"][turn])),
+            "rows_compared": 2 * len(contexts), "parted_at": parts}
+    atomic_write(Path(out), json.dumps(report))
 
 
 def run(cmd: list[str], timeout: float, env: dict | None = None):
@@ -126,24 +251,45 @@ def run(cmd: list[str], timeout: float, env: dict | None = None):
         return None, out, err
 
 
-def run_tests(tests: list[str], timeout: float) -> dict:
-    """pytest -q TESTS in a subprocess: its summary line, return code and the failed tests (none run: skipped)."""
-    if not tests:
-        return {"skipped": "skipped (--tiny: CI runs the whole suite on CPU)"}
-    t = time.time()
-    rc, out, _ = run([sys.executable, "-m", "pytest", "-q", "-rfE", *tests], timeout)
-    lines = out.strip().splitlines() + ([] if rc is not None else [f"timed out after {timeout:.0f} s"])
-    return {"command": " ".join(["pytest", "-q", "-rfE", *tests]), "rc": rc, "seconds": round(time.time() - t, 1),
-            "summary": lines[-1] if lines else "", "failed": [s for s in lines if s.startswith(("FAILED", "ERROR"))]}
+class Tests:
+    """pytest -q TESTS in a background subprocess (started at once); .result() waits for it (at most until `timeout`
+    seconds after the start) and returns its summary line, return code, the failed tests, and its start and end
+    (seconds since the check began). No tests: skipped."""
+
+    def __init__(self, tests: list[str], timeout: float, t0: float, workers: str | None):
+        self.tests, self.timeout, self.t0, self.t = tests, timeout, t0, time.time()
+        self.cmd = ["pytest", "-q", "-rfE", *(["-n", workers] if workers else []), *tests]
+        self.proc = subprocess.Popen([sys.executable, "-m", *self.cmd], cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True) if tests else None
+
+    def result(self) -> dict:
+        if self.proc is None:
+            return {"skipped": "skipped (--tiny: CI runs the whole suite on CPU)"}
+        try:
+            out, _ = self.proc.communicate(timeout=max(self.timeout - (time.time() - self.t), 1))
+            rc = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            out, rc = self.proc.communicate()[0], None
+        lines = out.strip().splitlines() + ([] if rc is not None else [f"timed out after {self.timeout:.0f} s"])
+        return {"command": " ".join(self.cmd), "rc": rc, "started_s": round(self.t - self.t0, 1),
+                "ended_s": round(time.time() - self.t0, 1), "summary": lines[-1] if lines else "",
+                "failed": [s for s in lines if s.startswith(("FAILED", "ERROR"))], "tail": "\n".join(lines[-40:])}
+
+
+def failed(row: dict, rc, stdout: str, stderr: str, timeout: float) -> dict:
+    err = (stderr.strip() or stdout.strip() or "no output").splitlines()
+    return {**row, "error": f"timed out after {timeout:.0f} s" if rc is None else f"exit {rc}: {err[-1]}",
+            "stderr_tail": "\n".join(err[-30:])}
 
 
 def train_row(name: str, params: int, model: Path, fsdp: bool, flags: list[str], tmp: Path, peak_flops,
-              timeout: float, env: dict) -> dict:
-    """One (model, --fsdp) run in a fresh process (its own peak memory); the row's figures are step 2's."""
-    row = {"model": name, "fsdp": fsdp, "params": params}
+              timeout: float, env: dict, t0: float, tag: str = "") -> dict:
+    """One (model, --fsdp) run in a fresh process (its own peak memory); the row's figures are its last step's."""
+    row = {"model": name, "fsdp": fsdp, "params": params, "started_s": round(time.time() - t0, 1), "tag": tag}
     if timeout < 30:
         return {**row, "error": f"not run: the {BUDGET_S} s budget was spent"}
-    out = tmp / f"run_{name}_{'fsdp' if fsdp else 'plain'}"
+    out = tmp / f"run_{name}_{'fsdp' if fsdp else 'plain'}{tag}"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"] if fsdp \
         else [sys.executable]
     t = time.time()
@@ -151,91 +297,186 @@ def train_row(name: str, params: int, model: Path, fsdp: bool, flags: list[str],
                              timeout, env)
     row["wall_s"] = round(time.time() - t, 1)
     if rc != 0 or not (out / "gpu_check_row.json").is_file():
-        err = (stderr.strip() or stdout.strip() or "no output").splitlines()
-        return {**row, "error": f"timed out after {timeout:.0f} s" if rc is None else f"exit {rc}: {err[-1]}",
-                "stderr_tail": "\n".join(err[-30:])}
+        return failed(row, rc, stdout, stderr, timeout)
     got = json.loads((out / "gpu_check_row.json").read_text())
-    trajectories = int(flags[flags.index("--prompts-per-step") + 1]) * int(flags[flags.index("--group-size") + 1])
-    s = got["steps"][-1]  # step 2: step 1 also pays for warm-up (CUDA kernels, the allocator, the BM25 index)
+    trajectories = int(flags[flags.index("--prompts-per-step") + 1]) * int(flags[flags.index("--group-size") + 1]) \
+        if "--group-size" in flags else int(flags[flags.index("--prompts-per-step") + 1]) * 5
+    s = got["steps"][-1]  # the last step: step 1 also pays for warm-up (CUDA kernels, the allocator, the BM25 index)
     gen_s = s["perf/rollout_s"] - s["retrieval_s"]
+    update_s = s["phases"]["update"]["s"]
     flops = 6 * params * s["tokens"]  # forward + backward of the update (attention's FLOPs left out)
+    peaks = {k: v["peak_bytes"] / 2**30 for k, v in s["phases"].items()} if got["cuda"] else {}
     return {**row, "step_s": s["perf/step_s"], "gen_s": gen_s, "retrieval_s": s["retrieval_s"],
-            "logp_s": s["perf/logp_s"], "update_s": s["perf/update_s"],
+            "logp_s": s["perf/logp_s"], "update_s": update_s, "after_update_s": s["perf/update_s"] - update_s,
             "gen_tok_s": s["rollout/response_tokens"] * trajectories / gen_s, "trained_tokens": s["tokens"],
-            "peak_gib": got["peak_bytes"] / 2**30,
-            "mfu": flops / s["perf/update_s"] / peak_flops if peak_flops else None, "steps": got["steps"]}
+            "trajectories": trajectories, "peak_gib": got["peak_bytes"] / 2**30, "phase_peak_gib": peaks,
+            "reserved_gib": got["max_reserved_bytes"] / 2**30 if got["max_reserved_bytes"] else None,
+            "plan": plan_figures(got["plan"]), "plan_text": got["plan"], "plan_paper": plan_figures(got["plan_paper"]),
+            "mfu": flops / update_s / peak_flops if peak_flops else None,
+            "logp_mfu": 2 * 2 * params * s["tokens"] / s["perf/logp_s"] / peak_flops if peak_flops else None,
+            "steps": got["steps"]}
+
+
+def gen_row(model: Path, questions: Path, tmp: Path, rows: int, new_tokens: int, timeout: float, env: dict) -> dict:
+    """Part 4 in a fresh process (gen_child)."""
+    row = {"rows": rows, "new_tokens": new_tokens}
+    if timeout < 30:
+        return {**row, "error": f"not run: the {BUDGET_S} s budget was spent"}
+    out = tmp / "gen.json"
+    rc, stdout, stderr = run([sys.executable, __file__, "--gen-child", str(model), str(questions), str(out), str(rows),
+                              str(new_tokens)], timeout, env)
+    if rc != 0 or not out.is_file():
+        return failed(row, rc, stdout, stderr, timeout)
+    return json.loads(out.read_text())
+
+
+def extrapolate(r: dict, prompts: int, group_size: int = 5) -> dict:
+    """The main command's step at `prompts` prompts from part 5's step of r["trajectories"] rows: the log-prob
+    passes, update and searches scale with the rows (tokens per row unchanged); generation by rounds of the plan's
+    rows per generate call (slots), between two bounds: a round of full slots as fast as the measured one (each
+    decode step reads the weights once, whatever the rows: memory-bound, the low end), and time proportional to the
+    rows (each row's attention and logits add: the high end)."""
+    rows, measured = prompts * group_size, r["trajectories"]
+    scale, slots = rows / measured, r["plan_paper"]["gen_rows"]  # the plan's rows per call at `prompts`
+    rounds = -(-rows // slots)
+    rest = (r["logp_s"] + r["update_s"] + r["after_update_s"] + r["retrieval_s"]) * scale
+    low, high = r["gen_s"] * rounds + rest, r["gen_s"] * scale + rest
+    return {"prompts": prompts, "rows": rows, "scale": scale, "slots": slots, "rounds": rounds, "rest_s": rest,
+            "low_s": low, "high_s": high,
+            "arithmetic": f"{rows} rows = {scale:.0f} x the {measured} measured; log-prob passes + update + "
+                          f"after-update pass + searches: ({r['logp_s']:.1f} + {r['update_s']:.1f} + "
+                          f"{r['after_update_s']:.1f} + {r['retrieval_s']:.2f}) s x {scale:.0f} = {rest:.0f} s; "
+                          f"generation: {rounds} rounds of {slots} slots x {r['gen_s']:.1f} s = "
+                          f"{r['gen_s'] * rounds:.0f} s (memory-bound) to {scale:.0f} x {r['gen_s']:.1f} s = "
+                          f"{r['gen_s'] * scale:.0f} s (row-bound); a step: {low:.0f}-{high:.0f} s "
+                          f"({low / 3600:.2f}-{high / 3600:.2f} h)"}
 
 
 def table(rows: list[dict]) -> str:
     head = (f"{'model':<14}{'fsdp':<6}{'step s':>8}{'gen s':>8}{'retr s':>8}{'logp s':>8}{'update s':>9}"
-            f"{'gen tok/s':>11}{'peak GiB':>9}{'MFU':>7}")
+            f"{'gen tok/s':>11}{'peak GiB':>9}{'plan GiB':>9}{'MFU':>7}")
     lines = [head]
     for r in rows:
+        name = r["model"] + r.get("tag", "")
         if "error" in r:
-            lines.append(f"{r['model']:<14}{'on' if r['fsdp'] else 'off':<6}  failed: {r['error']}")
+            lines.append(f"{name:<14}{'on' if r['fsdp'] else 'off':<6}  failed: {r['error']}")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        lines.append(f"{r['model']:<14}{'on' if r['fsdp'] else 'off':<6}{r['step_s']:>8.2f}{r['gen_s']:>8.2f}"
+        lines.append(f"{name:<14}{'on' if r['fsdp'] else 'off':<6}{r['step_s']:>8.2f}{r['gen_s']:>8.2f}"
                      f"{r['retrieval_s']:>8.3f}{r['logp_s']:>8.2f}{r['update_s']:>9.2f}{r['gen_tok_s']:>11.1f}"
-                     f"{r['peak_gib']:>9.2f}{mfu:>7}")
+                     f"{r['peak_gib']:>9.2f}{r['plan']['peak_gib']:>9.1f}{mfu:>7}")
+    return "\n".join(lines)
+
+
+def gen_table(g: dict) -> str:
+    if "error" in g:
+        return f"generation: failed: {g['error']}"
+    lines = [f"generation, greedy, {g['rows']} rows x 2 turns x {g['new_tokens']} new tokens, one call a turn:"]
+    for mode, m in g["modes"].items():
+        lines.append(f"  {mode}: hf {m['hf']['tok_s']:.0f} tok/s ({m['hf']['s']:.1f} s), cb {m['cb']['tok_s']:.0f} "
+                     f"tok/s ({m['cb']['s']:.1f} s), cb/hf {m['cb']['tok_s'] / m['hf']['tok_s']:.2f}x; same ids in "
+                     f"{m['rows_same']} of {m['rows_compared']} rows" +
+                     (f" (the others part at token {sorted(m['parted_at'])})" if m["parted_at"] else ""))
     return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiny", action="store_true", help="CPU, the tests' tiny model and a tiny batch (CI, ~15 s)")
+    ap.add_argument("--tiny", action="store_true", help="CPU, the tests' tiny model and a tiny batch (CI, ~30 s)")
     ap.add_argument("--models", nargs="+", choices=MODELS, help=f"the models to train (default: {' '.join(MODELS)})")
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
-    ap.add_argument("--out", default="runs/gpu_check.json", help="the JSON of every figure (written atomically)")
+    ap.add_argument("--main-prompts", type=int, default=None,
+                    help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
+    ap.add_argument("--out", default="runs/gpu_check.json", help="the JSON of every figure (rewritten after each part)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ap.add_argument("--gen-child", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], a.child[1], a.child[2:])
+    if a.gen_child:
+        return gen_child(*a.gen_child[:3], int(a.gen_child[3]), int(a.gen_child[4]))
     if a.tiny and a.models:
         ap.error("--tiny trains the tests' tiny model only: leave out --models")
+    if a.main_prompts is not None and a.main_prompts < 0:
+        ap.error(f"--main-prompts must be >= 0, got {a.main_prompts}")
     import torch
 
     if not a.tiny and not torch.cuda.is_available():
         ap.error("no CUDA device: run with --tiny on a CPU")
+    kind = "tiny" if a.tiny else "gpu"
     device = "cpu" if a.tiny else "cuda"
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     peak_flops = next((f for key, f in PEAK_FLOPS.items() if key in name), None) if device == "cuda" else None
     models = ["tiny"] if a.tiny else a.models or list(MODELS)
     env = {"OMP_NUM_THREADS": "1"} if a.tiny else {}  # the tiny model: 1 thread is far faster on a busy CPU (tests)
-    flags = [*TRAIN["tiny" if a.tiny else "gpu"], *COMMON, *(["--device", "cpu"] if a.tiny else [])]  # GPU: auto
+    flags = [*TRAIN[kind], *COMMON, *(["--device", "cpu"] if a.tiny else [])]  # GPU: auto
     print(f"{name} | torch {torch.__version__} | peak bf16 {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else
-          f"{name} | torch {torch.__version__} | MFU: no peak figure for this device")
+          f"{name} | torch {torch.__version__} | MFU: no peak figure for this device", flush=True)
     report = {"device": name, "torch": torch.__version__, "peak_flops": peak_flops, "train_flags": flags, "rows": []}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after each part: a check cut short keeps what it measured
+        atomic_write(out, json.dumps(report, indent=1))
+
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         import search_world  # the data: a generated search world (corpus + questions), no hub, in a second
 
         search_world.main(["--out", str(tmp / "world"), "--sft-steps", "0"])
-        flags += ["--train-data", str(tmp / "world" / "world_train.jsonl"), "--corpus", str(tmp / "world" / "corpus.jsonl")]
+        data = ["--train-data", str(tmp / "world" / "world_train.jsonl"), "--corpus", str(tmp / "world" / "corpus.jsonl")]
+        tests = Tests(a.tests if a.tests is not None else [] if a.tiny else CUDA_TESTS, TEST_TIMEOUT_S, t0,
+                      None if a.tiny else TEST_WORKERS)
         params = {}
         for m in models:
             t = time.time()
             params[m] = build(m, tmp / m, device)
             print(f"built {m}: {params[m] / 1e6:,.1f}M parameters, random weights, in {time.time() - t:.0f} s", flush=True)
-        report["tests"] = run_tests(a.tests if a.tests is not None else [] if a.tiny else CUDA_TESTS, TEST_TIMEOUT_S)
-        print(f"tests: {report['tests'].get('summary') or report['tests'].get('skipped')}", flush=True)
-        for failed in report["tests"].get("failed", []):
-            print(f"  {failed}")
         for m in models:
             for fsdp in (False, True):
-                report["rows"].append(train_row(m, params[m], tmp / m, fsdp, flags, tmp, peak_flops,
-                                                timeout=BUDGET_S - (time.time() - t0), env=env))
+                report["rows"].append(train_row(m, params[m], tmp / m, fsdp, flags + data, tmp, peak_flops,
+                                                BUDGET_S - (time.time() - t0), env, t0))
                 r = report["rows"][-1]
                 print(f"trained {m}, fsdp {'on' if fsdp else 'off'}: " + (r["error"] if "error" in r else
-                                                                          f"{r['wall_s']:.0f} s"), flush=True)
+                      f"{r['wall_s']:.0f} s, step {r['step_s']:.1f} s, peak {r['peak_gib']:.1f} GiB"), flush=True)
+                save()
+        report["generation"] = gen_row(tmp / models[0], tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
+                                       BUDGET_S - (time.time() - t0), env)
+        print(gen_table(report["generation"]), flush=True)
+        save()
+        prompts = MAIN_PROMPTS if a.main_prompts is None else a.main_prompts
+        left = BUDGET_S - (time.time() - t0)
+        if prompts and (a.tiny or left >= MAIN_MIN_S):
+            main_flags = [*MAIN[kind], "--steps", "1", "--warmup-ratio", "0", "--llds", "0.1", *data,
+                          *(["--device", "cpu"] if a.tiny else [])]
+            if not a.tiny:
+                main_flags[main_flags.index("--prompts-per-step") + 1] = str(prompts)
+                main_flags[main_flags.index("--mini-batch-size") + 1] = str(prompts * 5)
+            big = models[-1]
+            r = train_row(big, params[big], tmp / big, False, main_flags, tmp, peak_flops, left, env, t0, " main")
+            if "error" not in r:
+                r["extrapolated"] = extrapolate(r, PAPER_PROMPTS, int(main_flags[main_flags.index("--group-size") + 1])
+                                                if "--group-size" in main_flags else 5)
+            report["main"] = {**r, "flags": main_flags}
+            print(f"main command's settings, {big}, {r.get('trajectories', '?')} rows: " +
+                  (r["error"] if "error" in r else f"step {r['step_s']:.1f} s; at {PAPER_PROMPTS} prompts: "
+                   f"{r['extrapolated']['arithmetic']}"), flush=True)
+        else:
+            report["main"] = {"error": "left out (--main-prompts 0)" if not prompts else
+                              f"not run: {left:.0f} s of the budget left, under {MAIN_MIN_S} s"}
+        save()
+        report["tests"] = tests.result()
+        print(f"tests: {report['tests'].get('summary') or report['tests'].get('skipped')}", flush=True)
+        for line in report["tests"].get("failed", []):
+            print(f"  {line}")
     report["seconds"] = round(time.time() - t0, 1)
-    print(f"\n{STEPS} steps of {' '.join(TRAIN['tiny' if a.tiny else 'gpu'])}; figures of step {STEPS}\n"
-          f"{table(report['rows'])}\n{report['seconds']:.0f} s in all")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(a.out), json.dumps(report, indent=1))
+    rows = report["rows"] + ([report["main"]] if "model" in report["main"] else [])
+    print(f"\n{STEPS} steps of {' '.join(TRAIN[kind])}; figures of the last step\n{table(rows)}\n"
+          f"{report['seconds']:.0f} s in all")
+    save()
     print(f"wrote {a.out}")
-    if any("error" in r for r in report["rows"]):
+    if any("error" in r for r in rows) or "error" in report["generation"]:
         raise SystemExit(1)
 
 

@@ -27,11 +27,18 @@ def test_tiny_run_writes_every_row_with_positive_figures(tmp_path):
         assert "error" not in row, row
         assert all(row[k] > 0 for k in FIGURES), row
         assert row["retrieval_s"] >= 0 and row["mfu"] is None  # no peak FLOP/s figure for a CPU
-        assert len(row["steps"]) == 2 and row["update_s"] == row["steps"][1]["perf/update_s"]  # exact: a copy
+        assert len(row["steps"]) == 2 and row["update_s"] == row["steps"][1]["phases"]["update"]["s"]  # exact: a copy
+        assert 0 < row["update_s"] < row["steps"][1]["perf/update_s"]  # perf/update_s adds the after-update pass
+        assert row["plan"]["static_gib"] >= 0 and row["plan"]["gen_rows"] >= 1 and row["plan"]["micro"] == 2
         assert row["gen_s"] + row["retrieval_s"] == pytest.approx(row["steps"][1]["perf/rollout_s"])
     assert report["tests"]["rc"] == 0 and "1 passed" in report["tests"]["summary"], report["tests"]
+    gen = report["generation"]["modes"]["fp32"]  # cb and hf, greedy: the same ids (the tiny model on a CPU)
+    assert gen["rows_same"] == gen["rows_compared"] == 16 and gen["cb"]["tokens"] > 0 and gen["hf"]["tok_s"] > 0
+    main = report["main"]  # the main command's step, and its extrapolation to 512 prompts
+    assert "error" not in main and main["trajectories"] == 4 and main["extrapolated"]["rows"] == 512 * 2
+    assert main["extrapolated"]["low_s"] <= main["extrapolated"]["high_s"]
     table = r.stdout[r.stdout.index("model "):]
-    assert table.count("\ntiny ") == 2 and "failed" not in table and str(out) in r.stdout
+    assert table.count("\ntiny ") == 3 and "failed" not in table and str(out) in r.stdout
 
 
 def test_bad_input_is_one_clear_line():
