@@ -76,7 +76,7 @@ MAIN = {  # part 5's flags over train.py's defaults (the main command's: group 5
              "--max-obs-tokens", "48", "--mini-batch-size", "4"],
     "gpu": ["--prompts-per-step", str(MAIN_PROMPTS), "--mini-batch-size", str(MAIN_PROMPTS * 5)],
 }
-GEN = {"tiny": (8, 16), "gpu": (64, 128)}  # part 4: rows, new tokens per turn
+GEN = {"tiny": (8, 16), "gpu": (64, 64)}  # part 4: rows, new tokens per turn
 
 
 def build(name: str, folder: Path, device: str) -> int:
@@ -234,6 +234,17 @@ def gen_child(model: str, questions: str, out: str, rows: int, new_tokens: int):
             **{name: {k: v for k, v in g.items() if k != "ids"} for name, g in got.items()},
             "rows_same": sum(x == y for turn in range(2) for x, y in zip(got["hf"]["ids"][turn], got["cb"]["ids"][turn])),
             "rows_compared": 2 * len(contexts), "parted_at": parts}
+    if cuda:  # where a sampling decode step's time goes: one cb call as in training (top-p, bf16 autocast)
+        from torch.profiler import ProfilerActivity, profile
+
+        generate = GENERATORS["cb"](policy, tok, max_new_tokens=16, batch_size=rows)
+        with autocast("bf16", device)(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.time()
+            generate(contexts)
+            torch.cuda.synchronize()
+        report["profile"] = {"rows": len(contexts), "new_tokens": 16, "s": round(time.time() - t, 3), "table":
+                             prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=50),
+                             "cpu_table": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50)}
     atomic_write(Path(out), json.dumps(report))
 
 
@@ -288,7 +299,7 @@ def train_row(name: str, params: int, model: Path, fsdp: bool, flags: list[str],
     """One (model, --fsdp) run in a fresh process (its own peak memory); the row's figures are its last step's."""
     row = {"model": name, "fsdp": fsdp, "params": params, "started_s": round(time.time() - t0, 1), "tag": tag}
     if timeout < 30:
-        return {**row, "error": f"not run: the {BUDGET_S} s budget was spent"}
+        return {**row, "error": "not run: the budget (--budget) was spent"}
     out = tmp / f"run_{name}_{'fsdp' if fsdp else 'plain'}{tag}"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"] if fsdp \
         else [sys.executable]
@@ -321,7 +332,7 @@ def gen_row(model: Path, questions: Path, tmp: Path, rows: int, new_tokens: int,
     """Part 4 in a fresh process (gen_child)."""
     row = {"rows": rows, "new_tokens": new_tokens}
     if timeout < 30:
-        return {**row, "error": f"not run: the {BUDGET_S} s budget was spent"}
+        return {**row, "error": "not run: the budget (--budget) was spent"}
     out = tmp / "gen.json"
     rc, stdout, stderr = run([sys.executable, __file__, "--gen-child", str(model), str(questions), str(out), str(rows),
                               str(new_tokens)], timeout, env)
@@ -387,6 +398,7 @@ def main():
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds after which no part starts (default {BUDGET_S})")
     ap.add_argument("--out", default="runs/gpu_check.json", help="the JSON of every figure (rewritten after each part)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ap.add_argument("--gen-child", nargs=5, help=argparse.SUPPRESS)
@@ -433,20 +445,20 @@ def main():
             t = time.time()
             params[m] = build(m, tmp / m, device)
             print(f"built {m}: {params[m] / 1e6:,.1f}M parameters, random weights, in {time.time() - t:.0f} s", flush=True)
+        report["generation"] = gen_row(tmp / models[0], tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
+                                       a.budget - (time.time() - t0), env)
+        print(gen_table(report["generation"]), flush=True)
+        save()
         for m in models:
             for fsdp in (False, True):
                 report["rows"].append(train_row(m, params[m], tmp / m, fsdp, flags + data, tmp, peak_flops,
-                                                BUDGET_S - (time.time() - t0), env, t0))
+                                                a.budget - (time.time() - t0), env, t0))
                 r = report["rows"][-1]
                 print(f"trained {m}, fsdp {'on' if fsdp else 'off'}: " + (r["error"] if "error" in r else
                       f"{r['wall_s']:.0f} s, step {r['step_s']:.1f} s, peak {r['peak_gib']:.1f} GiB"), flush=True)
                 save()
-        report["generation"] = gen_row(tmp / models[0], tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
-                                       BUDGET_S - (time.time() - t0), env)
-        print(gen_table(report["generation"]), flush=True)
-        save()
         prompts = MAIN_PROMPTS if a.main_prompts is None else a.main_prompts
-        left = BUDGET_S - (time.time() - t0)
+        left = a.budget - (time.time() - t0)
         if prompts and (a.tiny or left >= MAIN_MIN_S):
             main_flags = [*MAIN[kind], "--steps", "1", "--warmup-ratio", "0", "--llds", "0.1", *data,
                           *(["--device", "cpu"] if a.tiny else [])]
