@@ -395,6 +395,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU, the tests' tiny model and a tiny batch (CI, ~30 s)")
     ap.add_argument("--models", nargs="+", choices=MODELS, help=f"the models to train (default: {' '.join(MODELS)})")
+    ap.add_argument("--gen-model", choices=MODELS, help="part 4's model (default: the first of --models)")
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
@@ -441,11 +442,12 @@ def main():
         tests = Tests(a.tests if a.tests is not None else [] if a.tiny else CUDA_TESTS, TEST_TIMEOUT_S, t0,
                       None if a.tiny else TEST_WORKERS)
         params = {}
-        for m in models:
+        gen_model = "tiny" if a.tiny else a.gen_model or models[0]
+        for m in dict.fromkeys([gen_model, *models]):
             t = time.time()
             params[m] = build(m, tmp / m, device)
             print(f"built {m}: {params[m] / 1e6:,.1f}M parameters, random weights, in {time.time() - t:.0f} s", flush=True)
-        report["generation"] = gen_row(tmp / models[0], tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
+        report["generation"] = gen_row(tmp / gen_model, tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
                                        a.budget - (time.time() - t0), env)
         print(gen_table(report["generation"]), flush=True)
         save()
