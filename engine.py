@@ -10,24 +10,19 @@ invalid-action message). `cb` (`cb_generator`, the default) is our own decode lo
 (continuous batching): a row that stops leaves its slot at once and the next waiting row is prefilled into it, and
 each row's KV is kept across turns as hf-kv's is. Figures: docs/scaling.md ("Generation engines").
 
-How hf-kv extends a cached row (shapes: n rows of a call, W cached positions, P the longest new piece): after a call
-the cache holds W = sequences.shape[1] - 1 positions per row (the last sampled token has no KV yet), and `tokens
-[n, W]`, `mask [n, W]` (0 = left padding or a dropped position) say what each holds. A row's next context starts with
-its cached real tokens up to some position p (rollout appends to what it kept; `cut_turn` drops a turn's tail after
-its stop): positions from p on (that tail, HF's padding after the row stopped) are masked to 0 and stay as holes. The
-rest of the context is left-padded to P and fed after position W, so a row's last real token is the last column;
-position ids are HF's (the mask's cumsum), so a row's tokens get the positions and attend to the tokens they would in
-a re-prefilled, left-padded context. So the logits are the re-prefilled path's up to float rounding: greedy ids match
-exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (the same rows, order and random
-numbers as hf's; a rounding difference at a top-p boundary can move one sample, not the distribution).
+How hf-kv extends a cached row (n rows of a call, W cached positions, P the longest new piece): the cache holds
+W = sequences.shape[1] - 1 positions a row (the last sampled token has no KV yet), `tokens`, `mask` [n, W] say what.
+The row's cached real tokens that prefix its next context are kept; later positions (a tail `cut_turn` dropped, HF's
+padding after the row stopped) are masked to 0 and stay as holes; the rest of the context is left-padded to P and fed
+after position W. Position ids are HF's (the mask's cumsum), so the logits are the re-prefilled path's up to float
+rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (a rounding
+difference at a top-p boundary can move one sample, not the distribution).
 
 Departures of hf-kv from hf (the ids kept and the sampling are the same: departures 6-8 hold):
-  1. Rows keep the call they started in: stopped rows leave it (DynamicCache.batch_select_indices) and calls are
-     never merged or refilled, so with more rows than gen_batch_size the calls hold other rows than hf's re-chunked
-     calls (other ids under sampling; the same distribution).
-  2. Memory: every call's cache is kept until the rollout ends, so a turn's rows hold their KV at once: up to
-     rows / gen_batch_size times the one call the memory plan (memory.memory_plan) sizes (but no re-prefill peak).
-     Holes (dropped tails) are not reclaimed: a row's cache is as wide as its call's widest row.
+  1. Rows keep the call they started in: stopped rows leave it (DynamicCache.batch_select_indices), calls are never
+     merged or refilled, so with more rows than gen_batch_size they hold other rows than hf's (other sampled ids).
+  2. Memory: every call's cache is kept until the rollout ends: up to rows / gen_batch_size times the one call the
+     memory plan sizes (but no re-prefill peak). Holes are not reclaimed: a cache is as wide as its call's widest row.
   3. Contexts are matched to cached rows in order (rollout keeps its rows' order and only drops finished ones); a
      context that extends no cached row starts a fresh set of calls (a new rollout), as hf would.
 
@@ -37,19 +32,15 @@ How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids
   * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample (softmax + multinomial)
     or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at
     once (the columns only it used go too); the others decode one token at position = their count of cached ids;
-  * free slots take the next waiting rows: one prefill of their uncached ids on top of their kept KV, after which
-    each row is compacted (torch.gather) and joined on the left-padded cache, whose layers keep a column of room for
-    each step the rows can still take (`_roomy_layer`: a step writes in place, not a torch.cat of the whole cache).
+  * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV, each row compacted
+    (torch.gather) and joined on the left-padded cache, with room for the steps left (`_roomy_layer`: in place).
 Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
-  1. Rows share forward passes with other rows than in hf's calls, so under one seed the sampled ids differ from hf's
-     (the same distribution: tests/test_engine.py); greedy ids are equal (float rounding apart: the tests' greedy
-     Episodes are). Returned ids carry no padding: each row ends at its stop.
+  1. Rows share forward passes with other rows than in hf's calls: under one seed other sampled ids than hf's (the
+     same distribution), greedy ids equal up to float rounding (tests/test_engine.py). No padding in returned ids.
   2. Memory: a row's KV outlives its turn only if no waiting row needs its slot, and rows holding KV are admitted
-     first, so at most batch_size rows hold KV at any time, as the memory plan sizes them (memory.memory_plan); with
-     more rows than slots the other rows re-prefill their context, as hf does.
-  3. Logits processors see each row's ids left-padded to the longest running row, and rows join and leave between
-     steps: an extra processor must be a function of each row's ids and scores (tests' ScriptedPolicy, which tracks
-     a call's rows, drives hf only). Models whose cache has sliding-window layers are refused (ValueError).
+     first, so at most batch_size rows hold KV at once, as the memory plan sizes them; other rows re-prefill.
+  3. Processors see each row's ids left-padded to the longest running row, and rows join and leave between steps:
+     an extra processor must be a function of each row's ids and scores. Sliding-window caches: ValueError.
 
 Run `python engine.py` for a demo: greedy turns of a tiny random model, the three engines, the same ids (seconds).
 """
@@ -96,7 +87,7 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
             input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
             # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
             attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
-            with torch.no_grad():
+            with torch.no_grad(), decode_attention(device):
                 ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                      generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
             out += ids[:, width:].tolist()  # [n, new]
@@ -158,7 +149,7 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
 
         device = next(model.parameters()).device
         cache = call["cache"] if call["cache"] is not None else DynamicCache(config=model.config)
-        with torch.no_grad():
+        with torch.no_grad(), decode_attention(device):
             ids = model.generate(input_ids=torch.tensor(tokens, device=device),
                                  attention_mask=torch.tensor(mask, device=device), cache=cache,
                                  generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
@@ -362,7 +353,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
         # NOTE(departure): rows holding KV go first, so that no more than batch_size rows hold KV (cb departure 2)
         waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
         run, cache, seq, logits, store = [], None, None, None, {}  # running rows; their cache, ids [n, S], [n, V]
-        with torch.no_grad():
+        with torch.no_grad(), decode_attention(device):
             while run or waiting:
                 if waiting and len(run) < batch_size:  # free slots take the next waiting rows
                     new = [waiting.popleft() for _ in range(min(batch_size - len(run), len(waiting)))]
@@ -412,6 +403,15 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
 
 
 GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}  # --generator's choices
+
+
+def decode_attention(device):
+    """The engines' context around decoding: on CUDA, sdpa without its cuDNN backend, whose CPU cost per call (a cuDNN
+    graph for each new cache width) was 55% of a decode step's CPU time on an H200 (docs/scaling.md#the-gpu-check);
+    flash, memory-efficient or math instead, as sdpa picks. A null context elsewhere."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(backends) if torch.device(device).type == "cuda" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -316,3 +316,18 @@ def test_p17_checkpoint_generation_config_ignored(tok, model):
     (cfg,) = captured
     assert cfg.do_sample and cfg.temperature == 1.0 and cfg.top_p == 0.95  # exact: settings passed on
     assert cfg.top_k in (0, None) and cfg.repetition_penalty in (1.0, None)  # exact: settings
+
+
+def test_decoding_on_cuda_leaves_out_cudnn_attention_and_restores_it():
+    """The GPU check found cuDNN's sdpa at 55% of a decode step's CPU time (a graph per cache width): the engines
+    decode on CUDA with sdpa's other backends; the flags come back on exit, and a CPU context changes nothing."""
+    from engine import decode_attention
+
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
+             torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    with decode_attention("cuda:0"):
+        assert [f() for f in flags] == [False, True, True, True]
+    assert [f() for f in flags] == before
+    with decode_attention(torch.device("cpu")):
+        assert [f() for f in flags] == before
