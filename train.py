@@ -358,6 +358,13 @@ def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int,
     return bad
 
 
+def clock(device: str) -> float:
+    """time.time() once the kernels queued on `device` have run (CUDA runs them asynchronously), for perf/*."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.time()
+
+
 def main(args: Args, rerun: str = ""):
     """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not --resume OUT_DIR."""
     rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
@@ -389,7 +396,7 @@ def main(args: Args, rerun: str = ""):
             with full_weights(model), amp(), diverged_sampling(step):
                 episodes = rollout(generate, tokenizer, prompts, retriever.search, group_size=args.group_size,
                                    max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
-            t_rollout = time.time()
+            t_rollout = clock(device)
             # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
             adv = group_advantages(torch.tensor([e.reward for e in episodes]), [e.group_id for e in episodes])  # [B]
             # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
@@ -399,9 +406,7 @@ def main(args: Args, rerun: str = ""):
                 ref_logp = batch_logp(ref_model(), batch, args.micro_batch_size, args.temperature, vocab_size) \
                     if ref_model else None  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()  # the passes' kernels have ended when the clock is read (perf/logp_s)
-            t_update = time.time()
+            t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
             per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,
                                                    vocab_size, args.mini_batch_size // world, amp(cache=False))
@@ -414,7 +419,7 @@ def main(args: Args, rerun: str = ""):
                                                     grad_norms, stepped, lr, args), **ma_metrics}
             history.append(metrics)
             metrics.update({"perf/rollout_s": t_rollout - t0, "perf/logp_s": t_update - t_rollout,
-                            "perf/update_s": time.time() - t_update, "perf/step_s": time.time() - t0})
+                            "perf/update_s": clock(device) - t_update, "perf/step_s": time.time() - t0})
             # 6. log and save
             log_step(step, metrics, history, episodes, adv, args, rank)
             report(numbers(metrics), step)
