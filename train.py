@@ -38,6 +38,7 @@ from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDU
 from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
 from llds import REDUCE as LLDS_REDUCE
 from memory import free_memory, memory_plan
+from probe import FixedProbe
 from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy, load_reference,
                     response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
@@ -104,6 +105,8 @@ class Args:
     save_every: int = 10  # checkpoint every N steps (also at the last step, on Ctrl-C and on SIGTERM)
     keep_checkpoints: int = 1  # complete checkpoints to keep (an old one goes only once a newer one is complete)
     alarm_k: int = 3  # LLD alarm after this many steps of non-rising correct-response likelihood
+    probe_questions: int = 8  # LLD probe: questions whose step-0 trajectories are re-scored (probe.py); 0 = off
+    probe_every: int = 1  # re-score the probe trajectories every N steps (the probe/* keys)
     report_to: str = "off"  # also send each step's metrics to: off | tensorboard | wandb | trackio (pip install it)
     resume: str = ""  # run folder (its newest complete checkpoint) or checkpoints/step_N folder to continue exactly
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
@@ -111,10 +114,10 @@ class Args:
 
 RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
     **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
-                     "llds_ma_weight"), (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
+                     "llds_ma_weight", "probe_questions"), (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps", "alarm_k",
                      "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
-                     "keep_checkpoints", "alarm_k"), (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
+                     "keep_checkpoints", "probe_every"), (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
     "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
@@ -291,10 +294,11 @@ def load_run(args: Args, rank: int, world: int, device: str):
         bf16 = (args.fsdp and "cuda" in device) or isinstance(autocast(args.amp, device, args.dtype)(), torch.autocast)
         least_free = -all_reduce([-free_memory(device)], "max")[0]  # every rank plans for the least free memory
         rank_rows = -(-args.prompts_per_step // world) * args.group_size  # trajectories per rank and step
-        gen_rows, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(
+        args.gen_batch_size, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # the plan's choices
             model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world, rows=rank_rows,
             update=(args.micro_batch_size, args.grad_ckpt),
             turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
+        probe = FixedProbe.start_run(args, model, tokenizer, rows, retriever, device, rank, world, bool(ckpt), print0)
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
@@ -305,7 +309,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
     print0(plan)  # the parameters, whether the run fits, rows per generate call
     if device == "cpu" and (note := busy_cpu_note()):
         print0(note)
-    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef != 0.0 else None, gen_rows
+    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef else None, probe
 
 
 def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr, args: Args):
@@ -369,7 +373,7 @@ def main(args: Args, rerun: str = ""):
     """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not --resume OUT_DIR."""
     rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
                                                                            "--mini-batch-size": args.mini_batch_size})
-    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, gen_rows = load_run(args, rank, world, device)
+    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, probe = load_run(args, rank, world, device)
     out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
     model = enable_grad_ckpt(model) if args.grad_ckpt else model
     model = shard(model) if args.fsdp else model
@@ -383,8 +387,8 @@ def main(args: Args, rerun: str = ""):
         history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
         print0(f"resumed {ckpt} at step {start - 1}" + f"; nothing to do: --steps {args.steps}" * (start > args.steps))
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
-    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,  # sampling, as the code
-                                          temperature=args.temperature, top_p=args.top_p, batch_size=gen_rows)
+    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
+                                          temperature=args.temperature, batch_size=args.gen_batch_size)  # sampling
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
     with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
           checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
@@ -416,7 +420,7 @@ def main(args: Args, rerun: str = ""):
             with amp():
                 new_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)
             metrics = {"step": step, **step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
-                                                    grad_norms, stepped, lr, args), **ma_metrics}
+                                                    grad_norms, stepped, lr, args), **ma_metrics, **probe(step)}
             history.append(metrics)
             metrics.update({"perf/rollout_s": t_rollout - t0, "perf/logp_s": t_update - t_rollout,
                             "perf/update_s": clock(device) - t_update, "perf/step_s": time.time() - t0})

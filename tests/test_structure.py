@@ -14,8 +14,9 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "retriever", "rollout",
-              "tracking"},
+    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "probe", "retriever",
+              "rollout", "tracking"},
+    "probe": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout"},
     "evaluate": {"checkpoint", "data", "engine", "paper", "policy", "retriever", "rollout"},
     "engine": {"rollout"},
     "policy": {"checkpoint"},

@@ -343,7 +343,8 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
 
     monkeypatch.setattr(train, "load_policy", load_and_watch)
     monkeypatch.setattr("policy.load_policy", load_and_watch)  # the reference is loaded through it
-    train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2")
+    train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2",
+                     "--probe-questions", "0")  # the probe's passes: tests/test_probe.py
     assert len(passes) == 4 * 4  # 8 trajectories in micro-batches of 2: old, ref, update (2 mini-batches), after
     for h in hooks:
         h.remove()
@@ -439,7 +440,7 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     out = capsys.readouterr().out
     assert "memory plan per rank:" in out and f"{rows} rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
     assert "+ update: --micro-batch-size 1 (as given), --grad-ckpt on (as given): 1 x 400 tokens" in out
-    assert sizes == [rows] and "step 1 |" in out
+    assert sizes == [rows, rows] and "step 1 |" in out  # the probe's step-0 rollout (probe.py), then step 1's
     monkeypatch.setattr(train, "free_memory", lambda device: 2**20)  # 1 MiB: not even the static memory
     with pytest.raises(SystemExit, match="error: --gen-batch-size auto: one generate row needs .* lower "
                                          "--max-new-tokens, --max-turns or --max-obs-tokens"):

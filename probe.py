@@ -1,0 +1,284 @@
+"""The LLD probes: the log-likelihood of *fixed* responses as the policy trains (v2 Def. 4.1, Eqs. 2-3, Fig. 3a, 5).
+
+A correct response y+ of x suffers lazy likelihood displacement (LLD) when an update lowers log pi(y+ | x) (Def. 4.1);
+the spiral is E Delta <= eps < 0 from some step on, falling further (Def. A.3). train.py's diag/* keys measure the
+likelihood of each step's *own* samples, which vanish once the reward is 0. These two probes hold the responses fixed:
+  - FixedProbe (every run): at step 0 the starting policy's trajectories on --probe-questions training questions
+    (group_size each, ids as sampled, in a random stream of their own) are frozen in OUT_DIR/probe_rank{R}.json; every
+    --probe-every steps their teacher-forced log-likelihood under the current policy is logged as probe/* keys
+    (probe_stats): defined at every step, whatever the policy samples now.
+  - delta_probe (Fig. 3a, Eq. 3): from one set of weights, for each mixed group (correct and incorrect answers), k
+    updates of the GRPO loss (+ lambda x LLDS) on that group alone; Delta(x) = the mean change of its correct
+    responses' sequence log-likelihood. LLDS is inert on a first update (logp = old_logp: no token has lost anything).
+
+    python probe.py --model RUN_OR_MODEL --train-data Q.jsonl --corpus C.jsonl --questions 48 --k 1 2 4 --llds 0 0.2
+"""
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from checkpoint import atomic_write
+from grpo import group_advantages, grpo_loss
+from llds import action_segments, llds_loss
+from policy import batch_logp, collate, response_logp
+
+SETS = ("correct", "incorrect")
+PARTS = {"first": lambda seg, ans: seg == 1, "later": lambda seg, ans: seg > 1, "answer": lambda seg, ans: ans > 0}
+
+
+def probe_stats(logp, loss_mask, answer_mask, reward, start: dict | None = None, prefix: str = "probe/") -> dict:
+    """The log-likelihood of fixed responses, by set and by part. logp, loss_mask, answer_mask [B, T] (1 = a model
+    token; the final <answer> span); reward [B] (1 = correct). Per set s in (correct, incorrect), floats in nats,
+    None for an empty set or part:
+      {prefix}logp_s: token mean over the set's model tokens (nats/token); {prefix}seqlogp_s: mean over its responses
+      of the sequence sum (nats/response); {prefix}logp_s_first / _later / _answer: token means over the first action
+      (before the first observation), the later actions, the final answer span (Fig. 5); {prefix}n_s: responses;
+      with `start` (this function's output at step 0), {prefix}delta_s = seqlogp_s - start's (Def. A.3's E Delta,
+      nats/response) and {prefix}dlogp_s = logp_s - start's (nats/token).
+    """
+    mask, seg = loss_mask.float(), action_segments(loss_mask.float())  # seg [B, T]: 1 on the first action, 2.. later
+    out = {}
+    for name in SETS:
+        w = ((reward == 1) == (name == "correct")).float() * (mask.sum(-1) > 0).float()  # [B] responses of the set
+        m = mask * w[:, None]
+        n, tokens = w.sum().item(), m.sum().item()
+        out[f"{prefix}n_{name}"] = int(n)
+        out[f"{prefix}logp_{name}"] = (logp * m).sum().item() / tokens if tokens else None
+        out[f"{prefix}seqlogp_{name}"] = ((logp * m).sum(-1)).sum().item() / n if n else None
+        for part, pick in PARTS.items():
+            pm = m * pick(seg, answer_mask).float()
+            out[f"{prefix}logp_{name}_{part}"] = (logp * pm).sum().item() / pm.sum().item() if pm.sum() else None
+        if start is not None:
+            for key, change in (("seqlogp", "delta"), ("logp", "dlogp")):
+                a, b = out[f"{prefix}{key}_{name}"], start.get(f"{prefix}{key}_{name}")
+                out[f"{prefix}{change}_{name}"] = a - b if a is not None and b is not None else None
+    return out
+
+
+def _frozen(episodes) -> dict:
+    return {k: [getattr(e, k) for e in episodes] for k in ("prompt_ids", "response_ids", "loss_mask", "answer_mask",
+                                                             "reward", "group_id")}
+
+
+def _batch(frozen: dict, pad_id: int):
+    """collate() of frozen trajectories, and their rewards [B]."""
+    from types import SimpleNamespace
+
+    rows = [SimpleNamespace(**dict(zip(frozen, v))) for v in zip(*frozen.values())]
+    return collate(rows, pad_id), torch.tensor(frozen["reward"], dtype=torch.float32)
+
+
+class FixedProbe:
+    """The fixed probe responses of one rank (module docstring), scored by `model` (the run's policy: the same object
+    once sharded) under `amp` (policy.autocast's function). FixedProbe(...)(step) -> the probe/* metrics of this step
+    (every rank's responses gathered: probe_stats) and perf/probe_s, or {} off-step or when off."""
+
+    def __init__(self, model, amp, frozen: dict | None, start: dict, every: int, pad_id: int, micro: int,
+                 temperature: float, vocab_size: int):
+        self.model, self.amp, self.frozen, self.start, self.every, self.micro = model, amp, frozen, start, every, micro
+        self.temperature, self.vocab_size = temperature, vocab_size
+        self.batch = _batch(frozen, pad_id) if frozen else None
+
+    @classmethod
+    def start_run(cls, args, model, tokenizer, rows, retriever, device: str, rank: int, world: int, resumed: bool,
+                  warn=print):
+        """The probe of a train.py run: read back from OUT_DIR/probe_rank{rank}.json when resuming, else sampled now
+        by the starting policy (`model`, not yet sharded): n = min(--probe-questions, questions) // world x world
+        training questions, the same for every run of these questions (a fixed choice and a random stream of their
+        own: training's samples and metrics are unchanged by the probe), rank r taking every world-th; then their
+        log-likelihood at step 0 (the `start` of probe/delta_*), written with them. Off (--probe-questions 0, or a
+        resumed run without a probe file: warned) -> a probe that logs nothing. The passes run under the run's
+        autocast (with --fsdp on a GPU, FSDP's bf16 compute; the step-0 pass, before sharding, under bf16 autocast)."""
+        from engine import GENERATORS
+        from policy import autocast
+        from rollout import rollout
+
+        path, vocab = Path(args.out_dir) / f"probe_rank{rank}.json", len(tokenizer)
+        n = min(args.probe_questions, len(rows)) // world * world
+        amp = autocast(args.amp, device, args.dtype, args.fsdp)
+        if resumed or not n:
+            if n and not path.is_file():
+                warn(f"no {path.name} in the resumed run: probe/* not logged (it must be sampled at step 0)")
+            saved = json.loads(path.read_text()) if n and path.is_file() else {"frozen": None, "start": {}}
+            return cls(model, amp, saved["frozen"], saved["start"], args.probe_every, tokenizer.pad_token_id,
+                       args.micro_batch_size, args.temperature, vocab)
+        chosen = np.random.default_rng(0).choice(len(rows), n, replace=False).tolist()[rank::world]
+        generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,
+                                              temperature=args.temperature, top_p=args.top_p,
+                                              batch_size=min(int(args.gen_batch_size), len(chosen) * args.group_size))
+        devices = [torch.device(device)] if device.startswith("cuda") else []
+        amp0 = autocast("bf16" if args.fsdp and device.startswith("cuda") else args.amp, device, args.dtype)
+        with torch.random.fork_rng(devices=devices), amp0():
+            torch.manual_seed(1_000_003 + rank)
+            episodes = rollout(generate, tokenizer, [rows[i] for i in chosen], retriever.search,
+                               group_size=args.group_size, max_turns=args.max_turns,
+                               max_obs_tokens=args.max_obs_tokens, topk=args.topk)
+        probe = cls(model, amp, _frozen(episodes), {}, args.probe_every, tokenizer.pad_token_id,
+                    args.micro_batch_size, args.temperature, vocab)
+        with amp0():
+            probe.start = probe.measure()
+        atomic_write(path, json.dumps({"frozen": probe.frozen, "start": probe.start}))
+        return probe
+
+    def measure(self) -> dict:
+        """probe_stats of the frozen responses under the model now (no grad), every rank's rows gathered."""
+        from fsdp import gather_rows
+
+        batch, reward = self.batch
+        logp = batch_logp(self.model, batch, self.micro, self.temperature, self.vocab_size)  # [B, T]
+        logp, mask, ans, reward = (gather_rows(x) for x in (logp, batch["loss_mask"], batch["answer_mask"],
+                                                             reward[:, None]))
+        return probe_stats(logp, mask, ans, reward[:, 0], self.start or None)
+
+    def __call__(self, step: int) -> dict:
+        if self.batch is None or step % self.every:
+            return {}
+        t = time.time()
+        with self.amp():
+            out = self.measure()
+        return {**out, "perf/probe_s": time.time() - t}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Delta(x): one group, k updates, the change of its responses' likelihood (Fig. 3a)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% for z = 1.96) of a proportion k / n; (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimizer: str = "adamw",
+                temperature: float = 1.0, vocab_size: int, clip_eps: float = 0.2):
+    """Per response of ONE group, the change of its sequence log-likelihood after k updates on that group alone:
+    (Delta [G] = sum_t (log pi_k - log pi_0)(y_t) over model tokens, nats per response (Eq. 2); the per-token change
+    [G, T], 0 off the model tokens). The loss of each update
+    is the GRPO policy loss (PPO clip, token mean; no KL, no entropy term: plain GRPO) + llds x L_LLDS (action gate,
+    the code's norm), the advantages the group's own (Eq. 1), the old log-probs pi_0's; the optimizer is a fresh
+    AdamW (the training defaults: betas 0.9/0.999, weight decay 0.01) or SGD at lr. The model's weights are restored
+    before returning. batch: collate() of the group's G responses; reward [G]."""
+    saved = copy.deepcopy(model.state_dict())
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.01) if optimizer == "adamw" \
+        else torch.optim.SGD(params, lr=lr)
+    rows, mask = slice(None), batch["loss_mask"]
+    adv = group_advantages(reward, [0] * len(reward))  # [G]
+    try:
+        old = batch_logp(model, batch, len(reward), temperature, vocab_size)  # [G, T]
+        for _ in range(k):
+            logp, _ = response_logp(model, batch, rows, temperature, vocab_size)
+            dev = logp.device
+            pg, _ = grpo_loss(logp, old.to(dev), None, adv.to(dev), mask.to(dev), clip_eps=clip_eps, kl_coef=0.0,
+                              entropy_coef=0.0)
+            reg, _ = llds_loss(logp, old.to(dev), adv.to(dev), mask.to(dev))
+            opt.zero_grad(set_to_none=True)
+            (pg + llds * reg).backward()
+            opt.step()
+        after = batch_logp(model, batch, len(reward), temperature, vocab_size)
+        return ((after - old) * mask).sum(-1), (after - old) * mask  # [G], [G, T]
+    finally:
+        model.load_state_dict(saved)
+
+
+def delta_probe(model, tokenizer, groups: list[dict], *, ks=(1, 2, 4), lambdas=(0.0, 0.2), lr: float,
+                optimizer: str = "adamw", temperature: float = 1.0) -> list[dict]:
+    """Fig. 3a's probe over `groups` (frozen trajectories of one question each, _frozen()), keeping the mixed ones
+    (some correct, some not). For each (k, lambda): mixed groups, the fraction with Delta(x) < 0 (Delta(x): the mean
+    of group_delta over the group's correct responses) and its Wilson 95% interval, and the mean over groups of the
+    mean Delta of correct and of incorrect responses, in all and by part (first action, later actions, answer span:
+    the token sums of the change over that part, nats per response). Returns one dict per (k, lambda)."""
+    vocab = len(tokenizer)
+    mixed = [g for g in groups if 0 < sum(r == 1 for r in g["reward"]) < len(g["reward"])]
+    out = []
+    for k in ks:
+        for lam in lambdas:
+            per = {f"{s}{p}": [] for s in SETS for p in ("", *(f"_{q}" for q in PARTS))}
+            for g in mixed:
+                batch, reward = _batch(g, tokenizer.pad_token_id)
+                delta, tok = group_delta(model, batch, reward, k=k, llds=lam, lr=lr, optimizer=optimizer,
+                                         temperature=temperature, vocab_size=vocab)
+                seg, ans = action_segments(batch["loss_mask"]), batch["answer_mask"]
+                for s in SETS:
+                    w = (reward == 1) == (s == "correct")
+                    per[s].append(delta[w].mean().item())
+                    for q, pick in PARTS.items():
+                        per[f"{s}_{q}"].append((tok * pick(seg, ans).float()).sum(-1)[w].mean().item())
+            neg = sum(d < 0 for d in per["correct"])
+            lo, hi = wilson(neg, len(mixed))
+            out.append({"k": k, "llds": lam, "groups": len(groups), "mixed": len(mixed), "frac_neg": neg / len(mixed)
+                        if mixed else None, "ci95": [lo, hi],
+                        **{f"delta_{key}": float(np.mean(v)) if v else None for key, v in per.items()}})
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a model folder, a checkpoint or a train.py run folder")
+    ap.add_argument("--train-data", required=True, help="questions (.jsonl): the first --questions are probed")
+    ap.add_argument("--corpus", required=True, help="passages (.jsonl) for the searches")
+    ap.add_argument("--questions", type=int, default=48, help="questions, group-size rollouts each (default 48)")
+    ap.add_argument("--group-size", type=int, default=5, help="rollouts per question (default 5)")
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 4], help="updates per group (default 1 2 4)")
+    ap.add_argument("--llds", type=float, nargs="+", default=[0.0, 0.2], help="lambda values (default 0 0.2)")
+    ap.add_argument("--lr", type=float, default=1e-6, help="the updates' learning rate (default 1e-6, train.py's)")
+    ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="fresh each group (default adamw)")
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=500)
+    ap.add_argument("--max-obs-tokens", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0, help="the rollouts' sampling seed")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    ap.add_argument("--out", default="", help="write the table's rows here as JSON (default: print only)")
+    a = ap.parse_args(argv)
+    for flag, v in (("--questions", a.questions), ("--group-size", a.group_size), ("--max-turns", a.max_turns + 1),
+                    ("--max-new-tokens", a.max_new_tokens), ("--max-obs-tokens", a.max_obs_tokens), *(("--k", k)
+                    for k in a.k)):
+        if v < 1:
+            ap.error(f"{flag} must be >= 1 (--max-turns >= 0), got {v}")
+    if a.lr <= 0 or any(lam < 0 for lam in a.llds) or a.group_size < 2:
+        ap.error("--lr must be > 0, every --llds >= 0 and --group-size >= 2 (a group needs two answers to be mixed)")
+    from data import load_questions
+    from engine import GENERATORS
+    from policy import load_policy
+    from retriever import make_retriever
+    from rollout import rollout
+
+    try:
+        model, tokenizer, device = load_policy(a.model, "float32", a.device)
+        rows = load_questions(a.train_data)[:a.questions]
+        retriever = make_retriever(a.corpus, "")
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    torch.manual_seed(a.seed)
+    generate = GENERATORS["cb"](model, tokenizer, max_new_tokens=a.max_new_tokens, batch_size=64)
+    t = time.time()
+    episodes = rollout(generate, tokenizer, rows, retriever.search, group_size=a.group_size, max_turns=a.max_turns,
+                       max_obs_tokens=a.max_obs_tokens, topk=3)
+    groups = [_frozen(episodes[i:i + a.group_size]) for i in range(0, len(episodes), a.group_size)]
+    print(f"{len(rows)} questions x {a.group_size} rollouts in {time.time() - t:.0f} s; mean reward "
+          f"{np.mean([e.reward for e in episodes]):.3f}")
+    table = delta_probe(model, tokenizer, groups, ks=a.k, lambdas=a.llds, lr=a.lr, optimizer=a.optimizer)
+    print(f"{'k':>2} {'lambda':>6} {'mixed':>5} {'Delta<0':>8} {'95% CI':>13} {'correct':>9} {'first':>8} "
+          f"{'later':>8} {'answer':>8} {'incorrect':>9}")
+    for r in table:
+        f = lambda x: "-" if x is None else f"{x:+.3f}"  # noqa: E731
+        print(f"{r['k']:>2} {r['llds']:>6g} {r['mixed']:>5} {f(r['frac_neg']):>8} "
+              f"{'[%.2f, %.2f]' % tuple(r['ci95']):>13} {f(r['delta_correct']):>9} {f(r['delta_correct_first']):>8} "
+              f"{f(r['delta_correct_later']):>8} {f(r['delta_correct_answer']):>8} {f(r['delta_incorrect']):>9}")
+    if a.out:
+        atomic_write(Path(a.out), json.dumps({"args": vars(a), "rows": table}, indent=1))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""probe.py: the fixed probe responses (probe/* keys of every train.py run) and the Delta(x) probe, against hand
+computations on tiny tensors and the tests' tiny model."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
+
+from grpo import grpo_loss  # noqa: E402
+from policy import batch_logp  # noqa: E402
+from probe import _batch, delta_probe, group_delta, probe_stats, wilson  # noqa: E402
+from test_train import files, same_value, train_in_process  # noqa: E402, F401  (files: the tiny model and questions)
+from tiny import build_model, build_tokenizer  # noqa: E402
+
+# 3 responses of 7 tokens: [action 1 (3 tokens), observation (2), action 2 (2)]; response 2 is a one-action response
+LOGP = torch.tensor([[-1.0, -2.0, -3.0, -9.0, -9.0, -0.5, -0.5],
+                     [-0.1, -0.2, -9.0, -9.0, -9.0, -9.0, -9.0],
+                     [-2.0, -2.0, -2.0, -9.0, -9.0, -1.0, -3.0]])
+MASK = torch.tensor([[1, 1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 1, 1]], dtype=torch.float32)
+ANSWER = torch.tensor([[0, 0, 0, 0, 0, 1, 1], [0, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 1]], dtype=torch.float32)
+REWARD = torch.tensor([1.0, 0.0, 1.0])
+
+
+def test_probe_stats_by_hand():
+    s = probe_stats(LOGP, MASK, ANSWER, REWARD)
+    # correct: rows 0 and 2; their model tokens: -1 -2 -3 -0.5 -0.5 | -2 -2 -2 -1 -3 (10 tokens, sum -17)
+    assert s["probe/n_correct"] == 2 and s["probe/n_incorrect"] == 1
+    assert s["probe/logp_correct"] == pytest.approx(-17 / 10)
+    assert s["probe/seqlogp_correct"] == pytest.approx((-7 + -10) / 2)  # sequence sums -7 and -10
+    assert s["probe/logp_correct_first"] == pytest.approx((-6 - 6) / 6)  # first actions: 3 tokens each
+    assert s["probe/logp_correct_later"] == pytest.approx((-1 - 4) / 4)  # second actions: 2 tokens each
+    assert s["probe/logp_correct_answer"] == pytest.approx((-0.5 - 0.5 - 3) / 3)
+    assert s["probe/logp_incorrect"] == pytest.approx(-0.3 / 2) and s["probe/seqlogp_incorrect"] == pytest.approx(-0.3)
+    assert s["probe/logp_incorrect_later"] is None and s["probe/logp_incorrect_answer"] == pytest.approx(-0.2)
+    assert "probe/delta_correct" not in s  # no start given
+    later = probe_stats(LOGP - MASK * 0.25, MASK, ANSWER, REWARD, start=s)  # every model token 0.25 nats less likely
+    assert later["probe/delta_correct"] == pytest.approx(-0.25 * 5)  # 5 model tokens a correct response
+    assert later["probe/delta_incorrect"] == pytest.approx(-0.25 * 2)
+    assert later["probe/dlogp_correct"] == pytest.approx(-0.25) == later["probe/dlogp_incorrect"]
+    none = probe_stats(LOGP, MASK, ANSWER, torch.zeros(3))  # no correct response: None, not 0
+    assert none["probe/n_correct"] == 0 and none["probe/logp_correct"] is None and none["probe/seqlogp_correct"] is None
+
+
+def metrics(history):
+    return [{k: v for k, v in m.items() if not k.startswith(("probe/", "perf/"))} for m in history]
+
+
+def test_the_probe_changes_nothing_else_and_is_logged_every_k_steps(files):
+    """The probe samples in a random stream of its own, before step 1: the run's every other metric is the same
+    without it (training is untouched); with --probe-every 2 the probe/* keys are on steps 2 and 4 only. Its file
+    holds the frozen responses and their step-0 figures, from which probe/delta_* count."""
+    flags = ["--steps", "4", "--seed", "1"]
+    on = train_in_process(files, files["dir"] / "probe_on", *flags, "--probe-questions", "3", "--probe-every", "2")
+    off = train_in_process(files, files["dir"] / "probe_off", *flags, "--probe-questions", "0")
+    for a, b in zip(metrics(on), metrics(off), strict=True):
+        assert a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a), a["step"]
+    assert [("probe/logp_incorrect" in m) for m in on] == [False, True, False, True]
+    assert not any(k.startswith("probe/") for m in off for k in m)
+    saved = json.loads((files["dir"] / "probe_on" / "probe_rank0.json").read_text())
+    assert len(saved["frozen"]["response_ids"]) == 3 * 4  # 3 questions x --group-size 4, ids as sampled
+    m = on[1]
+    assert m["probe/n_incorrect"] + m["probe/n_correct"] == 12 and m["perf/probe_s"] >= 0
+    assert m["probe/delta_incorrect"] == pytest.approx(m["probe/seqlogp_incorrect"]
+                                                       - saved["start"]["probe/seqlogp_incorrect"])
+    assert m["probe/delta_incorrect"] != 0  # lr 1e-3 moves the likelihood of the frozen responses
+
+
+def group(tok, seed=0):
+    """A frozen group of 4 responses to one prompt: two actions around an observation, rewards 1, 0, 1, 0."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, len(tok), (6,), generator=g).tolist()
+    rows = {"prompt_ids": [], "response_ids": [], "loss_mask": [], "answer_mask": [], "reward": [1.0, 0.0, 1.0, 0.0],
+            "group_id": [0] * 4}
+    for n in (5, 7, 4, 6):
+        rows["prompt_ids"].append(prompt)
+        rows["response_ids"].append(torch.randint(3, len(tok), (n,), generator=g).tolist())
+        rows["loss_mask"].append([1, 1, 0, 0] + [1] * (n - 4) if n > 4 else [1] * n)
+        rows["answer_mask"].append([0] * (n - 1) + [1])
+    return rows
+
+
+def test_group_delta_is_one_sgd_step_by_hand_and_llds_is_inert_on_it():
+    """k = 1, SGD: Delta = sum over model tokens of log pi_theta'(y) - log pi_theta(y), theta' = theta - lr x the
+    gradient of the GRPO loss with the group's own advantages (A = (r - mean) / (std + 1e-6), std unbiased): done
+    here by hand on a copy of the model. LLDS adds nothing on a first update (no token has lost likelihood yet), and
+    the model's weights are restored afterwards."""
+    tok = build_tokenizer()
+    model = build_model(tok, seed=1)
+    before = copy.deepcopy(model.state_dict())
+    batch, reward = _batch(group(tok), tok.pad_token_id)
+    vocab, lr = len(tok), 0.5
+    delta, per_token = group_delta(model, batch, reward, k=1, llds=0.0, lr=lr, optimizer="sgd", vocab_size=vocab)
+
+    by_hand = copy.deepcopy(model)
+    mask = batch["loss_mask"]
+    old = batch_logp(by_hand, batch, 4, 1.0, vocab)
+    adv = (reward - reward.mean()) / (reward.std() + 1e-6)  # [1, -1, 1, -1] x 0.866
+    from policy import response_logp
+    logp, _ = response_logp(by_hand, batch, slice(None), 1.0, vocab)
+    loss, _ = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0, entropy_coef=0.0)
+    loss.backward()
+    with torch.no_grad():
+        for p in by_hand.parameters():
+            p -= lr * p.grad
+    after = batch_logp(by_hand, batch, 4, 1.0, vocab)
+    torch.testing.assert_close(delta, ((after - old) * mask).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(per_token, (after - old) * mask, rtol=1e-5, atol=1e-5)
+    assert (delta[reward == 1] > 0).all()  # a plain gradient step raises what it rewards, here
+    with_llds, _ = group_delta(model, batch, reward, k=1, llds=0.2, lr=lr, optimizer="sgd", vocab_size=vocab)
+    torch.testing.assert_close(with_llds, delta, rtol=0, atol=0)  # exactly inert
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    two, _ = group_delta(model, batch, reward, k=2, llds=0.0, lr=lr, optimizer="sgd", vocab_size=vocab)
+    assert not torch.equal(two, delta)  # the second update moves it again
+
+
+def test_wilson_interval_by_hand():
+    lo, hi = wilson(5, 10)  # p = 0.5, z = 1.96: centre 0.5, half-width 1.96 x sqrt(0.025 + 0.0096) / 1.384
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    assert wilson(0, 8)[0] == 0.0 and wilson(0, 8)[1] == pytest.approx(0.3244, abs=1e-4) and wilson(0, 0) == (0, 1)
+
+
+def test_delta_probe_keeps_mixed_groups_and_counts_negative_deltas(monkeypatch):
+    """Groups whose answers are all right or all wrong give GRPO nothing and are left out; Delta(x) of a group is the
+    mean over its correct responses; the fraction below 0 and the per-set means are over the mixed groups."""
+    import probe
+
+    tok = build_tokenizer()
+    groups = [group(tok, s) for s in range(4)]
+    groups[3]["reward"] = [0.0] * 4  # not mixed
+    fake = [torch.tensor([-1.0, 5.0, 3.0, 0.0]), torch.tensor([2.0, 0.0, 1.0, 0.0]), torch.tensor([-4.0, 1.0, 0.0, 1.0])]
+    calls = iter(fake)
+
+    def fake_delta(model, batch, reward, **kw):
+        d = next(calls)
+        return d, torch.zeros_like(batch["loss_mask"])
+    monkeypatch.setattr(probe, "group_delta", fake_delta)
+    (row,) = delta_probe(None, tok, groups, ks=(1,), lambdas=(0.0,), lr=1e-3)
+    # correct responses are 0 and 2: Delta(x) = (-1 + 3) / 2 = 1, (2 + 1) / 2 = 1.5, (-4 + 0) / 2 = -2
+    assert row["groups"] == 4 and row["mixed"] == 3 and row["frac_neg"] == pytest.approx(1 / 3)
+    assert row["delta_correct"] == pytest.approx((1 + 1.5 - 2) / 3)
+    assert row["delta_incorrect"] == pytest.approx(((5 + 0) / 2 + 0 + (1 + 1) / 2) / 3)
+    assert row["ci95"] == list(wilson(1, 3))
+
+
+def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
+    """python probe.py on the committed world policy (it answers some questions right: mixed groups) over a generated
+    search world, 4 questions x 4, k 1 and 2, lambda 0 and 0.2."""
+    import search_world
+
+    search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
+    out = tmp_path / "delta.json"
+    cmd = [sys.executable, "probe.py", "--model", "tests/fixtures/world_guess_policy", "--train-data",
+           str(tmp_path / "w" / "world_train.jsonl"), "--corpus", str(tmp_path / "w" / "corpus.jsonl")]
+    r = subprocess.run([*cmd, "--questions", "8", "--group-size", "4", "--k", "1", "2", "--llds", "0", "0.2",
+                        "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["k"], x["llds"]) for x in rows] == [(1, 0.0), (1, 0.2), (2, 0.0), (2, 0.2)]
+    assert rows[0]["mixed"] >= 1 and "Delta<0" in r.stdout
+    for key in ("delta_correct", "delta_incorrect", "delta_correct_first", "delta_incorrect_answer"):
+        assert rows[0][key] == pytest.approx(rows[1][key], abs=1e-6)  # k = 1: LLDS is inert
+    bad = subprocess.run([*cmd, "--questions", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--questions must be >= 1 "
+                                                                                "(--max-turns >= 0), got 0")
