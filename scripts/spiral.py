@@ -114,8 +114,9 @@ def collapse(reward: list, w: int = WINDOW) -> dict:
     reward: rollout/reward per step. start = the mean of the first w steps, final = of the last w. verdict:
     "collapsed" if final <= start / 4, "held" if final >= start / 2, "degraded" in between (a margin of start / 4: 12
     answers of 160 at start 0.3, where the old rule, final < 0.05, flipped on 2); "low start" if start < MIN_START
-    (nothing to lose). collapse_step (only if collapsed):
-    the first step t from which every w-step window (steps t..t+w-1, and every later full one) has a mean <= start / 4.
+    (nothing to lose). collapse_step (only if collapsed): the first step t from which every w-step window (steps
+    t..t+w-1, and every later full one) has a mean <= start / 4, moved on to the first step from t whose own reward
+    is <= start / 4 (so it never lands on a high-reward step; the fifth grid's protocol).
     """
     start, final = sum(reward[:w]) / len(reward[:w]), sum(reward[-w:]) / len(reward[-w:])
     verdict = ("low start" if start < MIN_START else "collapsed" if final <= start / 4
@@ -123,7 +124,8 @@ def collapse(reward: list, w: int = WINDOW) -> dict:
     step = None
     if verdict == "collapsed":
         windows = [sum(reward[t:t + w]) / w for t in range(len(reward) - w + 1)]  # full windows only; the last is final
-        step = next(t + 1 for t in range(len(windows)) if all(m <= start / 4 for m in windows[t:]))
+        first = next(t for t in range(len(windows)) if all(m <= start / 4 for m in windows[t:]))
+        step = next(t + 1 for t in range(first, len(reward)) if reward[t] <= start / 4)
     return {"start_reward": start, "final_reward": final, "verdict": verdict, "collapse_step": step}
 
 
@@ -147,6 +149,17 @@ def fall_onset(logp: list, fall: float = FALL, w: int = 3) -> int | None:
     return None
 
 
+def spiral_step(dlogp: list, eps: float = FALL) -> int | None:
+    """Def. A.3 made a measure: the first step from which a likelihood change since step 0 (probe/dlogp_correct, in
+    nats/token; None on steps without a probe) stays <= -eps at every later defined step and ends at or below its
+    value there (falling further, or at least not recovering), or None."""
+    steps = [t for t, x in enumerate(dlogp) if x is not None]
+    for i, t in enumerate(steps):
+        if all(dlogp[s] <= -eps for s in steps[i:]) and dlogp[steps[-1]] <= dlogp[t]:
+            return t + 1
+    return None
+
+
 def alarm_step(history: list[dict]) -> int | None:
     """The first step whose LLD alarm is phase II or III ("steady decay", "acceleration"; llds.lld_alarm), or None."""
     return next((h["step"] for h in history if h.get("alarm/phase") in ("steady decay", "acceleration")), None)
@@ -156,12 +169,21 @@ def measures(history: list[dict]) -> dict:
     """A run's measures (docs/spiral.md) from its metrics.jsonl records: the collapse (`collapse`), the onsets of the
     fall of the correct and incorrect responses' likelihood (`fall_onset`), lead = collapse step - correct onset
     (> 0: the correct responses' likelihood fell first, the paper's order), the alarm step and its lead, entropy and
-    valid actions at the end, seconds per step."""
+    valid actions at the end, seconds per step; and on the fixed probe responses (probe.py, the fifth grid):
+    probe_correct / probe_incorrect (onsets of probe/logp_*), probe_lead_* (collapse step - onset), spiral_step
+    (`spiral_step` of probe/dlogp_correct) and dlogp_*_end (the last probe/dlogp_*); None where not logged."""
     out = collapse([h["rollout/reward"] for h in history])
     onset_c = fall_onset([h.get("diag/logp_correct") for h in history])
     onset_i = fall_onset([h.get("diag/logp_incorrect") for h in history])
     alarm, c = alarm_step(history), out["collapse_step"]
-    return {**out, "onset_correct": onset_c, "onset_incorrect": onset_i,
+    probe = {f"probe_{k}": fall_onset([h.get(f"probe/logp_{k}") for h in history]) for k in ("correct", "incorrect")}
+    probe["spiral_step"] = spiral_step([h.get("probe/dlogp_correct") for h in history])
+    for k in ("correct", "incorrect"):
+        probe[f"probe_lead_{k}"] = c - probe[f"probe_{k}"] if c is not None and probe[f"probe_{k}"] is not None \
+            else None
+        probe[f"dlogp_{k}_end"] = next((h[f"probe/dlogp_{k}"] for h in reversed(history)
+                                        if h.get(f"probe/dlogp_{k}") is not None), None)
+    return {**out, **probe, "onset_correct": onset_c, "onset_incorrect": onset_i,
             "lead": c - onset_c if c is not None and onset_c is not None else None,
             "alarm_step": alarm, "alarm_lead": c - alarm if c is not None and alarm is not None else None,
             "entropy_end": history[-1].get("grpo/entropy"),
@@ -184,7 +206,23 @@ def cell_summary(runs: list[dict]) -> dict:
             "alarm_hits": sum(r["alarm_step"] is not None and r["alarm_step"] <= r["collapse_step"] for r in col),
             "false_alarms": sum(r["alarm_step"] is not None for r in runs if r["verdict"] != "collapsed"),
             "incorrect_first": sum(r["onset_incorrect"] is not None and (r["onset_correct"] is None
-                                   or r["onset_incorrect"] < r["onset_correct"]) for r in runs)}
+                                   or r["onset_incorrect"] < r["onset_correct"]) for r in runs),
+            # the fifth grid's, on the fixed probe responses (None where a run logged no probe)
+            "probe_first": sum(r.get("probe_lead_correct") is not None and r["probe_lead_correct"] >= 0 for r in col),
+            "probe_after": sum(r.get("probe_lead_correct") is not None and r["probe_lead_correct"] < 0 for r in col),
+            "probe_never": sum(r.get("probe_correct") is None for r in col),
+            "spiral_first": sum(r.get("spiral_step") is not None and r["spiral_step"] <= r["collapse_step"] for r in col),
+            "probe_only": sum(r.get("probe_correct") is not None and r["onset_correct"] is None for r in col),
+            "diag_only": sum(r.get("probe_correct") is None and r["onset_correct"] is not None for r in col)}
+
+
+def keeps_up(cell: list[dict], plain: list[dict]) -> tuple[int, int]:
+    """(pairs where the cell's final probe/dlogp_correct is above plain GRPO's, pairs compared): runs paired by
+    (world, lr, seed), skipping pairs where either has no probe figure."""
+    base = {(r["world"], r["lr"], r["seed"]): r.get("dlogp_correct_end") for r in plain}
+    pairs = [(r.get("dlogp_correct_end"), base.get((r["world"], r["lr"], r["seed"]))) for r in cell]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return sum(a > b for a, b in pairs), len(pairs)
 
 
 def fmt(x, spec=".2f") -> str:
@@ -197,8 +235,12 @@ def world_folder(world: Path, seed: int) -> Path:
 
 
 RUN_COLUMNS = ("world", "lr", "lambda", "seed", "start reward", "final reward", "verdict", "collapse step",
-               "correct falls", "incorrect falls", "lead", "alarm", "entropy (end)", "valid (end)", "test EM", "min")
+               "correct falls", "incorrect falls", "lead", "probe: correct falls", "probe: incorrect falls",
+               "probe lead", "spiral (A.3)", "probe dlogp correct / incorrect (end)", "alarm", "entropy (end)",
+               "valid (end)", "test EM", "min")
 CELL_COLUMNS = ("lr", "lambda", "runs", "collapsed / degraded / held", "correct fell first / after / never (collapsed)",
+                "probe: correct fell first / after / never (collapsed)", "spiral at or before the collapse",
+                "probe onset only / diag onset only (collapsed)", "probe dlogp correct above lambda 0's (pairs)",
                 "alarm hits / false alarms", "incorrect fell first", "final reward", "test EM")
 
 
@@ -213,7 +255,11 @@ def tables(rows: list[dict], warm: dict) -> list[str]:
     for r in rows:
         cols = [r["world"], f"{r['lr']:g}", f"{r['llds']:g}", r["seed"], fmt(r["start_reward"]),
                 fmt(r["final_reward"]), r["verdict"], fmt(r["collapse_step"], "d"), fmt(r["onset_correct"], "d"),
-                fmt(r["onset_incorrect"], "d"), fmt(r["lead"], "+d"), fmt(r["alarm_step"], "d"), fmt(r["entropy_end"]),
+                fmt(r["onset_incorrect"], "d"), fmt(r["lead"], "+d"), fmt(r.get("probe_correct"), "d"),
+                fmt(r.get("probe_incorrect"), "d"), fmt(r.get("probe_lead_correct"), "+d"),
+                fmt(r.get("spiral_step"), "d"),
+                f"{fmt(r.get('dlogp_correct_end'), '+.3f')} / {fmt(r.get('dlogp_incorrect_end'), '+.3f')}",
+                fmt(r["alarm_step"], "d"), fmt(r["entropy_end"]),
                 fmt(r["valid_actions_end"]), f"{r['test_em']:.3f}"]
         cols += [fmt(r["test_reward"], ".3f"), fmt(r["test_searches"])] if sampled else []
         lines.append("| " + " | ".join(map(str, cols + [f"{r['minutes']:.1f}"])) + " |")
@@ -223,9 +269,13 @@ def tables(rows: list[dict], warm: dict) -> list[str]:
         c = cell_summary(cell)
         def mean(k, cell=cell):
             return sum(r[k] for r in cell) / len(cell)
+        up, pairs = keeps_up(cell, [r for r in rows if r["lr"] == lr and r["llds"] == 0]) if lam else (0, 0)
         lines.append(f"| {lr:g} | {lam:g} | {c['runs']} ({len({r['world'] for r in cell})} worlds) | "
                      f"{c['collapsed']} / {c['degraded']} / {c['held']} | "
-                     f"{c['fell_first']} / {c['fell_after']} / {c['never_fell']} | {c['alarm_hits']} / "
+                     f"{c['fell_first']} / {c['fell_after']} / {c['never_fell']} | "
+                     f"{c['probe_first']} / {c['probe_after']} / {c['probe_never']} | {c['spiral_first']} | "
+                     f"{c['probe_only']} / {c['diag_only']} | {f'{up} of {pairs}' if pairs else '-'} | "
+                     f"{c['alarm_hits']} / "
                      f"{c['false_alarms']} | {c['incorrect_first']} | {mean('final_reward'):.3f} | "
                      f"{mean('test_em'):.3f} |")
     return lines

@@ -30,12 +30,13 @@ def test_a_collapse_its_step_the_likelihood_onsets_and_the_alarm():
     m = spiral.measures(h)
     assert m["start_reward"] == pytest.approx(0.3) and m["final_reward"] == pytest.approx(0.0, abs=1e-12)
     assert m["verdict"] == "collapsed"
-    # windows of 5 steps from step 6 on: (0.2 + 0.1 + 0.05 + 0 + 0.03) / 5 = 0.076 > 0.3 / 4; from step 7: 0.036
-    assert m["collapse_step"] == 7
+    # windows of 5 steps from step 6 on: (0.2 + 0.1 + 0.05 + 0 + 0.03) / 5 = 0.076 > 0.3 / 4; from step 7: 0.036,
+    # but step 7's own reward, 0.1, is above 0.075: the collapse step moves on to step 8 (0.05)
+    assert m["collapse_step"] == 8
     # smoothed (3 values) correct: steps 3-4 -1.0, 5 -1.0167, 6 -1.0833, 7 -1.1833 < -1.0 - 0.1 and below after
-    assert m["onset_correct"] == 7 and m["lead"] == 0
+    assert m["onset_correct"] == 7 and m["lead"] == 1
     assert m["onset_incorrect"] == 4  # smoothed: step 3 -2.067 (the peak), step 4 -2.2 < -2.067 - 0.1, and lower after
-    assert m["alarm_step"] == 4 and m["alarm_lead"] == 3  # "stagnation" (phase I) does not count
+    assert m["alarm_step"] == 4 and m["alarm_lead"] == 4  # "stagnation" (phase I) does not count
     assert m["entropy_end"] == pytest.approx(15.5) and m["valid_actions_end"] == pytest.approx(0.25)
     assert m["s_per_step"] == pytest.approx(2.0)
 
@@ -58,8 +59,12 @@ def test_collapse_verdicts_do_not_flip_on_two_answers_in_160():
                 assert {base, other} != {"collapsed", "held"}, (start, correct, d)
     assert spiral.collapse([0.3] * 5 + [0.063] * 5)["verdict"] == "collapsed"  # the issue's 0.063 after 0.3
     assert spiral.collapse([0.05] * 5 + [0.0] * 5)["verdict"] == "low start"  # nothing to lose
-    # a last step above start / 4 inside a collapsed last window: the step is found on full windows
-    assert spiral.collapse([0.3] * 5 + [0.0] * 9 + [0.25])["collapse_step"] == 5  # (0.3 + 0 * 4) / 5 <= 0.075
+    # a last step above start / 4 inside a collapsed last window: the step is found on full windows, (0.3 + 0 x 4) /
+    # 5 <= 0.075 from step 5 on, then moved to the first step whose own reward is low: step 6, not step 5's 0.3
+    assert spiral.collapse([0.3] * 5 + [0.0] * 9 + [0.25])["collapse_step"] == 6
+    # the issue's case: the first low window starts on a high-reward step (0.469), which is never the collapse step
+    got = spiral.collapse([0.47, 0.44, 0.5, 0.45, 0.47, 0.469, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert got["verdict"] == "collapsed" and got["collapse_step"] == 7
 
 
 def test_no_collapse_when_reward_holds():
@@ -77,7 +82,34 @@ def test_cell_summary_counts_hits_false_alarms_and_the_order_of_the_falls():
         {"verdict": "degraded", "collapse_step": None, "onset_correct": 6, "onset_incorrect": None, "alarm_step": None}]
     assert spiral.cell_summary(runs) == {"runs": 5, "collapsed": 3, "degraded": 1, "held": 1, "fell_first": 1,
                                          "fell_after": 1, "never_fell": 1, "alarm_hits": 1, "false_alarms": 1,
-                                         "incorrect_first": 2}
+                                         "incorrect_first": 2, "probe_first": 0, "probe_after": 0, "probe_never": 3,
+                                         "spiral_first": 0, "probe_only": 0, "diag_only": 2}  # no probe logged
+
+
+def test_probe_measures_see_a_fall_the_censored_one_cannot():
+    """The collapse censors diag/logp_correct (no correct sample after step 6), while the fixed probe responses are
+    scored at every step: their fall registers before the collapse, Def. A.3's spiral step too."""
+    rewards = [0.3] * 6 + [0.0] * 9
+    diag = [-1.0] * 6 + [None] * 9  # censored: undefined from the collapse on
+    probe = [-1.0, -1.0, -1.0, -1.05, -1.2, -1.4, -1.6, -1.8, -2.0, -2.0, -2.1, -2.2, -2.2, -2.3, -2.4]
+    dlogp = [p + 1.0 for p in probe]
+    h = [{**r, "diag/logp_correct": d, "probe/logp_correct": p, "probe/dlogp_correct": x,
+          "probe/logp_incorrect": -2.0, "probe/dlogp_incorrect": 0.0}
+         for r, d, p, x in zip(history(rewards), diag, probe, dlogp)]
+    m = spiral.measures(h)
+    assert m["verdict"] == "collapsed" and m["collapse_step"] == 7
+    assert m["onset_correct"] is None  # the old measure cannot see it
+    # probe, smoothed over 3: step 5 -1.083, step 6 -1.217 < -1.0 - 0.1 (peak -1.0) and lower after
+    assert m["probe_correct"] == 6 and m["probe_lead_correct"] == 1 and m["probe_incorrect"] is None
+    # dlogp <= -0.1 from step 5 (-0.2) to the end (-1.4 <= -0.2): the spiral step
+    assert m["spiral_step"] == 5 and m["dlogp_correct_end"] == pytest.approx(-1.4)
+    c = spiral.cell_summary([m])
+    assert (c["probe_first"], c["spiral_first"], c["probe_only"], c["diag_only"]) == (1, 1, 1, 0)
+    assert spiral.spiral_step([-0.2, -0.3, -0.05, -0.3]) == 4 and spiral.spiral_step([-0.3, -0.5, 0.0]) is None
+    assert spiral.spiral_step([-0.3, -0.5, -0.2]) == 3  # it recovered to -0.2 after -0.3: from step 3 on, as defined
+    plain = [{"world": 1, "lr": 1e-3, "seed": s, "dlogp_correct_end": -1.0} for s in range(3)]
+    llds = [{"world": 1, "lr": 1e-3, "seed": s, "dlogp_correct_end": v} for s, v in enumerate([-0.5, -2.0, None])]
+    assert spiral.keeps_up(llds, plain) == (1, 2)
 
 
 def test_a_killed_evaluation_is_run_again(tmp_path):
@@ -204,5 +236,7 @@ def test_world_seeds_name_their_folders_and_the_tables_count_every_world():
                                    "lead": None, "test_em": 0.2}]
     lines = spiral.tables(rows, {11: {"em": 0.25}, 12: {"em": 0.3}})
     assert lines[0] == "warm start, per world: world 11: test EM 0.250; world 12: test EM 0.300"
-    assert "| 11 | 0.001 | 0 | 0 | 0.30 | 0.00 | collapsed | 9 | 6 | 4 | +3 | 7 | 1.50 | 0.50 | 0.010 | 1.2 |" in lines
-    assert lines[-1] == "| 0.001 | 0 | 2 (2 worlds) | 1 / 0 / 1 | 1 / 0 / 0 | 1 / 1 | 2 | 0.150 | 0.105 |"
+    assert ("| 11 | 0.001 | 0 | 0 | 0.30 | 0.00 | collapsed | 9 | 6 | 4 | +3 | - | - | - | - | - / - | 7 | 1.50 | 0.50 "
+            "| 0.010 | 1.2 |") in lines  # a run without probe figures: "-"
+    assert lines[-1] == ("| 0.001 | 0 | 2 (2 worlds) | 1 / 0 / 1 | 1 / 0 / 0 | 0 / 0 / 1 | 0 | 0 / 1 | - | 1 / 1 | 2 "
+                         "| 0.150 | 0.105 |")
