@@ -1,9 +1,12 @@
 """Plot a training run's death-spiral diagnostics (v2 Sec. 5.1, Figs. 2, 4, 8, 9b) from train.py's metrics.jsonl.
 
 One panel per quantity (reward, log-likelihood of correct and incorrect responses and their change over a step,
-gradient norm, entropy, LLDS gate rate and penalty, searches), one line per run, so a GRPO run and a GRPO + LLDS run
-can be compared at a glance: in the paper the likelihood of correct responses falls first, the gradient norm then
-spikes, and reward collapses last.
+gradient norm, entropy, LLDS gate rate and penalty, searches, and the fixed probe responses of probe.py: their
+likelihood, its change since step 0, and the correct ones' by action), one line per run, so a GRPO run and a GRPO +
+LLDS run can be compared at a glance: in the paper the likelihood of correct responses falls first, the gradient norm
+then spikes, and reward collapses last. The legend and the LLD alarms have a panel of their own (off the curves); a
+panel whose scale a few outlying values would set (beyond 3 interquartile ranges) is scaled to the rest, and says
+how many values are off it.
 
     python scripts/plot_run.py runs/l0 runs/l02 --out spiral.png    # two runs, one figure
     python scripts/plot_run.py runs/default                          # -> runs/default/diagnostics.png
@@ -31,6 +34,13 @@ PANELS = (  # (title, y label, ((metrics key, line style, legend suffix), ...))
     ("LLDS gate rate", "fraction of units gated", (("llds/gate_rate", "-", ""),)),
     ("LLDS penalty", "loss value, before λ", (("llds/penalty", "-", ""),)),
     ("Searches", "searches / trajectory", (("rollout/searches_per_traj", "-", ""),)),
+    ("Probe: likelihood of fixed responses", "log π (nats / token)",
+     (("probe/logp_correct", "-", "correct"), ("probe/logp_incorrect", ":", "incorrect"))),
+    ("Probe: change since step 0 (Def. A.3)", "Δ log π (nats / token)",
+     (("probe/dlogp_correct", "-", "correct"), ("probe/dlogp_incorrect", ":", "incorrect"))),
+    ("Probe: correct responses by action (Fig. 5)", "log π (nats / token)",
+     (("probe/logp_correct_first", "-", "first action"), ("probe/logp_correct_later", "--", "later actions"),
+      ("probe/logp_correct_answer", ":", "answer span"))),
 )
 
 
@@ -68,9 +78,29 @@ def run_label(run_dir) -> str:
         return str(run_dir)
 
 
+def robust_limits(values: list, k: float = 3.0):
+    """(low, high, how many values lie outside) for a y axis: the values' range, unless some lie more than k
+    interquartile ranges beyond the quartiles (one -190 among values of -10 to 2), which are then left off scale;
+    None when nothing would be left off."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if len(v) < 4:
+        return None
+    q1, q3 = np.percentile(v, [25, 75])
+    iqr = max(q3 - q1, 1e-9)
+    inside = v[(v >= q1 - k * iqr) & (v <= q3 + k * iqr)]
+    off = len(v) - len(inside)
+    if not off:
+        return None
+    pad = 0.1 * max(inside.max() - inside.min(), 1e-6)
+    return inside.min() - pad, inside.max() + pad, off
+
+
 def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
     """Overlay the runs on PANELS; star the steps with an LLD alarm (alarm/phase, llds.lld_alarm) on the likelihood
-    panel, name each new phase, and line its first step on every panel. Writes a PNG to `out` and returns its path."""
+    panel and line the first step of each new phase on every panel; the legend, with each run's alarms, is the last
+    panel. Writes a PNG to `out` and returns its path."""
     import matplotlib
     import matplotlib.ticker
 
@@ -81,7 +111,7 @@ def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
         raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
     runs = [(labels[i] if labels else run_label(d), read_metrics(d)) for i, d in enumerate(run_dirs)]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(3, 4, figsize=(20, 12.5), sharex=True, layout="constrained")
     for ax, (title, ylabel, lines) in zip(axes.flat, PANELS):
         for i, (label, history) in enumerate(runs):
             for key, style, part in lines:
@@ -97,32 +127,42 @@ def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
             ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if ax.lines and ax.get_yscale() == "linear" and (lim := robust_limits(
+                [y for ln in ax.lines for y in ln.get_ydata()])):
+            ax.set_ylim(lim[0], lim[1])
+            ax.text(0.99, 0.01, f"{lim[2]} value(s) off scale", transform=ax.transAxes, ha="right", va="bottom",
+                    fontsize=8, color="gray")
         ax.set_title(title)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ll = axes.flat[1]
+    ll, key_ax, alarms = axes.flat[1], axes.flat[-1], []
     for i, (label, history) in enumerate(runs):
         color, logp = colors[i % len(colors)], dict(zip(*series(history, "diag/logp_correct")))
         flagged = [(m["step"], m["alarm/phase"]) for m in history if isinstance(m.get("alarm/phase"), str)
                    and m["alarm/phase"]]
         dots = [(s, logp[s]) for s, _ in flagged if s in logp]
         if dots:
-            ll.plot(*zip(*dots), "o", color="red", ms=4, label=f"{label}: LLD alarm")
-        for k, (step, phase) in enumerate(flagged):
-            if k == 0 or flagged[k - 1][1] != phase:  # a new phase starts here: star, line and name
-                if step in logp:
-                    ll.plot(step, logp[step], "*", color="red", mec="black", ms=14)
-                for ax in axes.flat:
-                    ax.axvline(step, color=color, ls="--", lw=0.8, alpha=0.6)
-                for ax in axes.flat[:2]:
-                    ax.text(step, 0.02, f" {phase}", transform=ax.get_xaxis_transform(), rotation=90, va="bottom",
-                            ha="right", fontsize=8, color="red")
-    for ax in axes.flat[:2]:
-        if ax.lines:
-            ax.legend(fontsize=8, loc="best")
+            ll.plot(*zip(*dots), "o", color="red", ms=4)
+        starts = [(step, phase) for k, (step, phase) in enumerate(flagged) if k == 0 or flagged[k - 1][1] != phase]
+        for step, phase in starts:  # a new phase starts here: star and line; named in the legend panel
+            if step in logp:
+                ll.plot(step, logp[step], "*", color="red", mec="black", ms=14)
+            for ax in axes.flat[:-1]:
+                ax.axvline(step, color=color, ls="--", lw=0.8, alpha=0.6)
+        if starts:
+            alarms.append(f"{label}: " + ", ".join(f"{phase} at step {step}" for step, phase in starts))
+    handles = [plt.Line2D([], [], color=colors[i % len(colors)], lw=2, label=label) for i, (label, _) in enumerate(runs)]
+    handles += [plt.Line2D([], [], color="black", ls=style, label=part) for style, part in
+                (("-", "correct (by action: first action)"), ("--", "later actions"),
+                 (":", "incorrect (by action: answer span)"))]
+    key_ax.axis("off")
+    key_ax.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
+    key_ax.text(0.0, 0.0, "LLD alarms (red dots; a star and a dashed line where a phase starts):\n" +
+                ("\n".join(alarms) if alarms else "none"), transform=key_ax.transAxes, fontsize=8, va="bottom",
+                wrap=True)
     fig.suptitle("LLD death-spiral diagnostics (cf. arXiv 2512.04220, Fig. 2): " + ", ".join(l for l, _ in runs))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
