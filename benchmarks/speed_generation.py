@@ -11,7 +11,7 @@ in training) run with each engine in turn, hf hf-kv cb hf hf-kv cb ..., under th
       the repeats and its ratio to hf (today's former default), the median of the per-repeat ratios (each repeat runs
       the engines back to back, so the machine's load drifts less between them). "best" columns are best-of-N.
 The machine's load (os.getloadavg) is printed before and after. Workloads:
-  world:   tests/fixtures/world_guess_policy (0.65M parameters, it searches and answers: rows stop at different turns
+  world:   scripts/world0_policy (0.65M parameters, it searches and answers: rows stop at different turns
            and steps) on the search world (scripts/search_world.py), 8 questions x 4, 64 new tokens a turn, 3 search
            turns + the answer turn; with 32 slots (every row in one batch) and 8 slots (4x more rows than slots);
   smollm2: SmolLM2-135M-Instruct (Llama, offline: ../shared/tools/offline_model.py smollm2) on the shipped
@@ -63,7 +63,7 @@ def workloads(quick: bool, tmp: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     paths = search_world.write_world(search_world.make_world(seed=0), tmp)
-    policy = ROOT / "tests" / "fixtures" / "world_guess_policy"
+    policy = ROOT / "scripts" / "world0_policy"
     world = dict(model=AutoModelForCausalLM.from_pretrained(policy).eval(), tok=AutoTokenizer.from_pretrained(policy),
                  rows=load_questions(str(paths["test"]))[:4 if quick else 8],
                  search=BM25Retriever.from_jsonl(str(paths["corpus"])).search, group_size=4, max_new_tokens=64,

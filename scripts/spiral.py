@@ -1,7 +1,8 @@
 """One command for the LLD death spiral on a laptop: world -> warm start -> GRPO and GRPO + LLDS -> test EM -> figure.
 
-Builds each search world and its warm-started tiny policy (scripts/search_world.py, once: reused when the folder holds
-them), then for every (world, lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on
+Builds each search world (scripts/search_world.py, once: reused when the folder holds it) with its warm-started tiny
+policy: for world 0 the committed one (scripts/world0_policy, the same weights on every machine; --train-warm-start
+trains one here instead, ~15 minutes), for other worlds trained here. Then for every (world, lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on
 the held-out people with the unchanged evaluate.py, and finally prints the grid, every run and then every (lr, lambda)
 cell over its worlds and seeds, with the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward
 windows (collapsed / degraded / held, and its step), the onsets of the sustained fall of the correct and of the
@@ -23,6 +24,7 @@ A run folder that holds a finished run of another --steps is refused, never over
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -43,6 +45,9 @@ RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", 
       "--save-every", "1000", "--log-rollouts-every", "5"]
 EVAL = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--batch-size", "64"]
 RERUN = "the same spiral.py command"  # how a stopped grid continues (train.py's lines say so after Ctrl-C or an error)
+# The committed warm start of world 0: `search_world.py --seed 0` with these flags saved it (its folder copied here)
+COMMITTED = ROOT / "scripts" / "world0_policy"
+COMMITTED_FLAGS = "--redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000"
 
 
 def world_files(world: Path) -> dict:
@@ -286,8 +291,11 @@ def main(argv=None):
     ap.add_argument("--world", default="data/world", help="world folder (built by scripts/search_world.py if absent)")
     ap.add_argument("--world-seeds", type=int, nargs="+", default=[0],
                     help="search_world.py --seed of each world: 0 is --world, N is WORLD_seedN (built if absent)")
-    ap.add_argument("--world-flags", default="", help="search_world.py flags for the worlds built here, one string: "
-                    "--world-flags=\"--sft-steps 3000 ...\" (with =)")
+    ap.add_argument("--world-flags", default="", help="search_world.py flags for the warm starts trained here, one "
+                    "string: --world-flags=\"--sft-steps 3000 ...\" (with =); world 0 takes the committed warm start "
+                    f"unless they differ from its recipe ({COMMITTED_FLAGS}) or --train-warm-start")
+    ap.add_argument("--train-warm-start", action="store_true",
+                    help="train world 0's warm start here (~15 minutes on 2 cores) instead of the committed one")
     ap.add_argument("--out", default="runs/spiral", help="one folder per run, the grid table and the figure")
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3], help="learning rates (the figure: the first)")
     ap.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.2], help="--llds values")
@@ -319,9 +327,21 @@ def main(argv=None):
     warm = {}
     for w, files in worlds.items():
         if not (files["policy"] / "config.json").is_file():
-            print(f"building the world {w} and warm-starting its policy in {files['policy'].parent} (once; ~5 min on 2 "
-                  "cores)")
-            search_world.main(["--out", str(files["policy"].parent), "--seed", str(w), *args.world_flags.split()])
+            committed = w == 0 and not args.train_warm_start and args.world_flags.split() in ([],
+                                                                                              COMMITTED_FLAGS.split())
+            if committed:  # the world (0.2 s) and the committed weights: the same start on every machine
+                print(f"building the world 0 in {files['policy'].parent} with the committed warm start "
+                      f"({COMMITTED.relative_to(ROOT)}: {COMMITTED_FLAGS}; --train-warm-start trains one here)")
+                search_world.main(["--out", str(files["policy"].parent), "--seed", "0", "--sft-steps", "0"])
+                shutil.copytree(COMMITTED, files["policy"])
+            else:
+                from policy import busy_cpu_note
+
+                print(f"building the world {w} and warm-starting its policy in {files['policy'].parent} (once; ~15 "
+                      "min on 2 idle cores)")
+                if note := busy_cpu_note():
+                    print(note)
+                search_world.main(["--out", str(files["policy"].parent), "--seed", str(w), *args.world_flags.split()])
         out.mkdir(parents=True, exist_ok=True)
         em = evaluate_on_test(files["policy"], files, out / f"{tag(w)}warm_start_eval.json")
         sampled = sampled_on_test(files["policy"], files, out / f"{tag(w)}warm_start_sampled.json",

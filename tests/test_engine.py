@@ -25,7 +25,7 @@ from test_rollout import Q1, Q2, FakeRetriever, enc, run  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
 from train import parse_args  # noqa: E402
 
-WARM_START = ROOT / "tests" / "fixtures" / "world_guess_policy"
+WARM_START = ROOT / "scripts" / "world0_policy"
 QUESTIONS = [{"question": q, "golden_answers": ["x"]} for q in ("Where was Alda born", "Who is Bo", "What is it")]
 
 

@@ -156,7 +156,7 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
 
     search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
     out = tmp_path / "delta.json"
-    cmd = [sys.executable, "probe.py", "--model", "tests/fixtures/world_guess_policy", "--train-data",
+    cmd = [sys.executable, "probe.py", "--model", "scripts/world0_policy", "--train-data",
            str(tmp_path / "w" / "world_train.jsonl"), "--corpus", str(tmp_path / "w" / "corpus.jsonl")]
     r = subprocess.run([*cmd, "--questions", "8", "--group-size", "4", "--k", "1", "2", "--llds", "0", "0.2",
                         "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3",

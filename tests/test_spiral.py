@@ -240,3 +240,26 @@ def test_world_seeds_name_their_folders_and_the_tables_count_every_world():
             "| 0.010 | 1.2 |") in lines  # a run without probe figures: "-"
     assert lines[-1] == ("| 0.001 | 0 | 2 (2 worlds) | 1 / 0 / 1 | 1 / 0 / 0 | 0 / 0 / 1 | 0 | 0 / 1 | - | 1 / 1 | 2 "
                          "| 0.150 | 0.105 |")
+
+
+def test_world_0_starts_from_the_committed_warm_start_and_another_recipe_trains_one(tmp_path, monkeypatch, capsys):
+    """The one command's world 0 takes scripts/world0_policy's weights (the same start on every machine) with the
+    world rebuilt from its seed; --train-warm-start, or --world-flags of another recipe, trains one here."""
+    class Built(Exception):
+        pass
+
+    def stop(*a, **kw):
+        raise Built
+    monkeypatch.setattr(spiral, "evaluate_on_test", stop)  # called once the world and its policy exist
+    with pytest.raises(Built):
+        spiral.main(["--world", str(tmp_path / "w"), "--out", str(tmp_path / "out")])
+    policy = tmp_path / "w" / "policy"
+    assert (policy / "model.safetensors").read_bytes() == (spiral.COMMITTED / "model.safetensors").read_bytes()
+    assert (tmp_path / "w" / "corpus.jsonl").is_file() and (tmp_path / "w" / "world_train.jsonl").is_file()
+    assert "with the committed warm start" in capsys.readouterr().out
+    calls = []
+    monkeypatch.setattr(spiral.search_world, "main", lambda argv: calls.append(argv))
+    for flags in (["--train-warm-start"], ["--world-flags=--sft-steps 7"]):
+        with pytest.raises(Built):
+            spiral.main(["--world", str(tmp_path / f"w{len(calls)}"), "--out", str(tmp_path / "out"), *flags])
+    assert [c[-1] for c in calls] == ["0", "7"]  # trained: --seed 0 with the default recipe; --sft-steps 7
