@@ -40,7 +40,7 @@ from llds import REDUCE as LLDS_REDUCE
 from memory import free_memory, memory_plan
 from probe import FixedProbe
 from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy, load_reference,
-                    response_logp, save_reference)
+                    reference_dtype, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import check_obs_budget, episode_stats, rollout, rollout_metrics
@@ -96,7 +96,7 @@ class Args:
     # --- memory and ranks
     fsdp: bool = False  # shard the policy and reference over the torchrun ranks (fsdp.py)
     grad_ckpt: bool = None  # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
-    ref_dtype: str = "bfloat16"  # reference weights: bfloat16 (as veRL; only the KL term sees it) | float32
+    ref_dtype: str = "auto"  # reference weights: auto (bfloat16 on a GPU or a CPU with bf16 units) | bfloat16 | float32
     ref_offload: bool = False  # reference on disk (OUT_DIR/.ref), loaded for its pass only
     # --- logging and checkpoints
     out_dir: str = "runs/default"  # metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ go here
@@ -128,8 +128,8 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
     "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
     "llds_gate": tuple(GATES), "llds_norm": tuple(NORMS), "llds_ma": ("off", *MA_SCHEDULES), "bm25": BM25_VARIANTS,
-    "ref_dtype": ("bfloat16", "float32"), "amp": ("auto", "bf16", "off"), "dtype": ("auto", "float32", "bfloat16"),
-    "generator": tuple(GENERATORS), "report_to": ("off", *TRACKERS),
+    "ref_dtype": ("auto", "bfloat16", "float32"), "amp": ("auto", "bf16", "off"),
+    "dtype": ("auto", "float32", "bfloat16"), "generator": tuple(GENERATORS), "report_to": ("off", *TRACKERS),
 }
 
 
@@ -210,8 +210,10 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
 
     batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
-    adv [B]. mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks
-    (P14), so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
+    adv [B]. old_logp's first mini-batch rows are filled here by the update's own forward, detached: before the first
+    optimizer step the policy is the rollout's (tests/test_train.py: the same run as with a separate pass).
+    mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks (P14),
+    so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
     Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
     stepped, False if a non-finite loss or grad norm skipped it).
     """
@@ -233,6 +235,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                 return None if x is None else x[rows].to(device)
             with amp:
                 logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size, with_entropy=True)
+                if m0 == 0 and old_logp[rows].isnan().all():  # left by batch_logp's start: the rollout policy's
+                    old_logp[rows] = logp.detach().to(old_logp.device, old_logp.dtype)
                 pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
                                      policy_loss=args.policy_loss, clip_eps=args.clip_eps,
                                      clip_eps_high=args.clip_eps_high, kl_coef=args.kl_coef, kl_type=args.kl_type,
@@ -278,6 +282,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
                              f"{args.train_data}: each step takes that many distinct questions")
         dtype = "float32" if args.dtype == "auto" else args.dtype  # fp32 master weights; bf16 passes: --amp or FSDP
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
+        args.ref_dtype = reference_dtype(args.ref_dtype, device)  # before the run's config is written
         check_obs_budget(tokenizer, args.max_obs_tokens)
         if rank == 0:
             checkpoint.prepare_out_dir(Path(args.out_dir), clear, dataclasses.asdict(args))
@@ -304,7 +309,8 @@ def load_run(args: Args, rank: int, world: int, device: str):
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
     updates = -(-args.prompts_per_step * args.group_size // args.mini_batch_size)  # optimizer steps per rollout step
-    print0(f"{len(rows)} questions | {retriever} | {world} x {device} | {args.prompts_per_step}x{args.group_size} "
+    print0(f"{len(rows)} questions | {retriever} | {world} x {device}, reference {args.ref_dtype} | "
+           f"{args.prompts_per_step}x{args.group_size} "
            f"trajectories/step, {updates} updates/step | out {args.out_dir}")
     print0(plan)  # the parameters, whether the run fits, rows per generate call
     if device == "cpu" and (note := busy_cpu_note()):
@@ -362,11 +368,18 @@ def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int,
     return bad
 
 
-def clock(device: str) -> float:
-    """time.time() once the kernels queued on `device` have run (CUDA runs them asynchronously), for perf/*."""
+def clock(device: str) -> tuple[float, float]:
+    """(wall s, CPU s of all this process's threads), once the kernels queued on `device` have run (perf/*)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.time()
+        torch.cuda.synchronize()  # CUDA runs kernels asynchronously
+    return time.time(), time.process_time()
+
+
+def perf(t0, t_rollout, t_update, t_end) -> dict:
+    """perf/{rollout,logp,update,step}_s (wall) and _cpu_s (CPU, all threads) from four clock() readings."""
+    pairs = {"rollout": (t0, t_rollout), "logp": (t_rollout, t_update), "update": (t_update, t_end),
+             "step": (t0, t_end)}
+    return {f"perf/{k}{u}_s": b[i] - a[i] for k, (a, b) in pairs.items() for i, u in enumerate(("", "_cpu"))}
 
 
 def main(args: Args, rerun: str = ""):
@@ -393,7 +406,7 @@ def main(args: Args, rerun: str = ""):
     with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
           checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
         for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
-            t0 = time.time()
+            t0 = clock(device)
             prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
             prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
             # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
@@ -406,7 +419,8 @@ def main(args: Args, rerun: str = ""):
             # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
             batch = collate(episodes, tokenizer.pad_token_id)
             with amp():
-                old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)  # [B, T]
+                old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size,
+                                      start=args.mini_batch_size // world)  # [B, T]; the first mini-batch: update's
                 ref_logp = batch_logp(ref_model(), batch, args.micro_batch_size, args.temperature, vocab_size) \
                     if ref_model else None  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
@@ -422,8 +436,7 @@ def main(args: Args, rerun: str = ""):
             metrics = {"step": step, **step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
                                                     grad_norms, stepped, lr, args), **ma_metrics, **probe(step)}
             history.append(metrics)
-            metrics.update({"perf/rollout_s": t_rollout - t0, "perf/logp_s": t_update - t_rollout,
-                            "perf/update_s": clock(device) - t_update, "perf/step_s": time.time() - t0})
+            metrics.update(perf(t0, t_rollout, t_update, clock(device)))
             # 6. log and save
             log_step(step, metrics, history, episodes, adv, args, rank)
             report(numbers(metrics), step)

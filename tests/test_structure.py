@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
+# Lines per top-level file: 450, but train.py 470: the loop holds its hooks (the fixed probe, the CPU/wall split) and
+# stays unpacked (issue 41 lets it grow past 450 rather than pack its lines)
+CAPS = {"train": 470}
 GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
     "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "probe", "retriever",
               "rollout", "tracking"},
@@ -63,7 +66,7 @@ def test_train_py_reads_on_a_few_screens():
     src = (ROOT / "train.py").read_text(encoding="utf-8")
     main = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "main")
     loop = next(n for n in ast.walk(main) if isinstance(n, ast.For))
-    assert len(src.splitlines()) <= 450  # a cap met by packing lines defeats its purpose: unpacked, ~430-450
+    assert len(src.splitlines()) <= CAPS.get("train", 450)  # a cap met by packing lines defeats its purpose
     assert main.end_lineno - main.lineno + 1 <= 70
     assert loop.end_lineno - loop.lineno + 1 <= 70  # the step, in the paper's order
 
@@ -118,7 +121,7 @@ def test_every_top_level_file_is_short_and_unpacked():
     """One concept per file keeps each file short; a cap met by packing lines defeats its purpose, hence both limits."""
     for m in MODULES:
         lines = (ROOT / f"{m}.py").read_text(encoding="utf-8").splitlines()
-        assert len(lines) <= 450, f"{m}.py has {len(lines)} lines: split it by concept"
+        assert len(lines) <= CAPS.get(m, 450), f"{m}.py has {len(lines)} lines: split it by concept"
         wide = [n for n, line in enumerate(lines, 1) if len(line) > 120]
         assert not wide, f"{m}.py: lines over 120 columns: {wide}"
 

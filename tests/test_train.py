@@ -54,8 +54,13 @@ def test_train_runs_two_steps_and_writes_metrics_and_checkpoint(files, amp):
     for key in ("rollout/reward", "grpo/pg_loss", "grpo/kl", "grpo/entropy", "grpo/grad_norm", "grpo/clip_frac",
                 "llds/penalty", "llds/gate_rate", "rollout/searches_per_traj", "diag/logp_incorrect",
                 "diag/logp_incorrect_after", "diag/seqlogp_correct", "diag/delta_correct", "diag/logp_first_action",
-                "alarm/phase", "perf/update_s"):
+                "alarm/phase", "perf/update_s", "perf/rollout_cpu_s", "perf/logp_cpu_s", "perf/update_cpu_s",
+                "perf/step_cpu_s"):
         assert key in lines[0], key
+    for m in lines:  # the split adds up, in wall and in CPU seconds
+        for unit in ("", "_cpu"):
+            parts = sum(m[f"perf/{p}{unit}_s"] for p in ("rollout", "logp", "update"))
+            assert m[f"perf/step{unit}_s"] == pytest.approx(parts, rel=1e-9, abs=1e-9) and parts > 0
     # the diagnostics are of this step's update: lr 1e-3 moves the likelihood of the sampled responses
     assert lines[0]["diag/delta_incorrect"] != 0
     assert lines[0]["diag/logp_incorrect_after"] != lines[0]["diag/logp_incorrect"]
@@ -554,3 +559,42 @@ def test_report_to_a_tracker_that_is_not_installed_is_one_line():
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(
         "error: --report-to trackio: the trackio package is not installed (pip install trackio), or leave --report-to "
         "off")
+
+
+def test_the_skipped_old_pass_gives_the_same_run(files, monkeypatch):
+    """The old log-prob pass skips the first mini-batch: its rows are the update's own forward, detached, taken before
+    the first optimizer step (the rollout's policy). Against the same run with the separate pass over every row
+    (batch_logp from row 0): every metric (fp32: 1e-6) and the final weights are the same, with 2 mini-batches a step
+    (the second's old log-probs still from the pass) and with 1 (no pass at all)."""
+    import train
+    from safetensors.torch import load_file
+
+    real = train.batch_logp
+    for mini in ("4", "8"):  # 8 trajectories a step: 2 mini-batches, then 1
+        flags = ["--steps", "2", "--seed", "5", "--mini-batch-size", mini, "--probe-questions", "0"]
+        skipped = train_in_process(files, files["dir"] / f"skip{mini}", *flags)
+        monkeypatch.setattr(train, "batch_logp", lambda *a, start=0, **kw: real(*a, **kw))  # every row, as before
+        full = train_in_process(files, files["dir"] / f"pass{mini}", *flags)
+        monkeypatch.setattr(train, "batch_logp", real)
+        for a, b in zip(skipped, full, strict=True):
+            keys = [k for k in a if not k.startswith("perf/")]
+            assert keys == [k for k in b if not k.startswith("perf/")]
+            assert all(same_value(a[k], b[k]) for k in keys), [(k, a[k], b[k]) for k in keys if not same_value(a[k], b[k])]
+        w = [load_file(files["dir"] / f"{run}{mini}" / "checkpoints" / "step_000002" / "model.safetensors")
+             for run in ("skip", "pass")]
+        for k in w[0]:
+            torch.testing.assert_close(w[0][k], w[1][k], rtol=1e-5, atol=1e-6)  # fp32
+
+
+def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files, capsys):
+    import policy
+
+    assert isinstance(policy.cpu_has_bf16(), bool)  # this machine's answer (torch.cpu's helpers), whichever it is
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)  # an AVX2 CPU: bf16 is emulated, ~8x slower
+    assert policy.reference_dtype("auto", "cpu") == "float32" and policy.reference_dtype("auto", "cuda:0") == "bfloat16"
+    assert policy.reference_dtype("bfloat16", "cpu") == "bfloat16"  # as given
+    train_in_process(files, files["dir"] / "ref_auto", "--steps", "1")
+    assert "1 x cpu, reference float32 |" in capsys.readouterr().out  # the start-up line says which
+    assert json.loads((files["dir"] / "ref_auto" / "args.json").read_text())["ref_dtype"] == "float32"
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
+    assert policy.reference_dtype("auto", "cpu") == "bfloat16"
