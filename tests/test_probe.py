@@ -114,16 +114,17 @@ def test_group_delta_is_one_sgd_step_by_hand_and_llds_is_inert_on_it():
     torch.testing.assert_close(per_token, (after - old) * mask, rtol=1e-5, atol=1e-5)
     assert (delta[reward == 1] > 0).all()  # a plain gradient step raises what it rewards, here
     with_llds, _ = group_delta(model, batch, reward, k=1, llds=0.2, lr=lr, optimizer="sgd", vocab_size=vocab)
-    torch.testing.assert_close(with_llds, delta, rtol=0, atol=0)  # exactly inert
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    torch.testing.assert_close(with_llds, delta, rtol=0, atol=0)  # exact: 0.2 x a zero loss adds zeros, bit for bit
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # exact: restored from a copy
     two, _ = group_delta(model, batch, reward, k=2, llds=0.0, lr=lr, optimizer="sgd", vocab_size=vocab)
-    assert not torch.equal(two, delta)  # the second update moves it again
+    assert not torch.equal(two, delta)  # exact: any difference shows that the second update moved it
 
 
 def test_wilson_interval_by_hand():
     lo, hi = wilson(5, 10)  # p = 0.5, z = 1.96: centre 0.5, half-width 1.96 x sqrt(0.025 + 0.0096) / 1.384
     assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
-    assert wilson(0, 8)[0] == 0.0 and wilson(0, 8)[1] == pytest.approx(0.3244, abs=1e-4) and wilson(0, 0) == (0, 1)
+    assert wilson(0, 8)[1] == pytest.approx(0.3244, abs=1e-4) and wilson(0, 0) == (0, 1)  # exact: n = 0's constants
+    assert wilson(0, 8)[0] == 0.0  # exact: clamped at 0 by max()
 
 
 def test_delta_probe_keeps_mixed_groups_and_counts_negative_deltas(monkeypatch):
@@ -134,7 +135,8 @@ def test_delta_probe_keeps_mixed_groups_and_counts_negative_deltas(monkeypatch):
     tok = build_tokenizer()
     groups = [group(tok, s) for s in range(4)]
     groups[3]["reward"] = [0.0] * 4  # not mixed
-    fake = [torch.tensor([-1.0, 5.0, 3.0, 0.0]), torch.tensor([2.0, 0.0, 1.0, 0.0]), torch.tensor([-4.0, 1.0, 0.0, 1.0])]
+    fake = [torch.tensor([-1.0, 5.0, 3.0, 0.0]), torch.tensor([2.0, 0.0, 1.0, 0.0]),
+            torch.tensor([-4.0, 1.0, 0.0, 1.0])]
     calls = iter(fake)
 
     def fake_delta(model, batch, reward, **kw):
@@ -164,7 +166,7 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
                        env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [(x["k"], x["llds"]) for x in rows] == [(1, 0.0), (1, 0.2), (2, 0.0), (2, 0.2)]
+    assert [(x["k"], x["llds"]) for x in rows] == [(1, 0.0), (1, 0.2), (2, 0.0), (2, 0.2)]  # exact: the flags' values
     assert rows[0]["mixed"] >= 1 and "Delta<0" in r.stdout
     for key in ("delta_correct", "delta_incorrect", "delta_correct_first", "delta_incorrect_answer"):
         assert rows[0][key] == pytest.approx(rows[1][key], abs=1e-6)  # k = 1: LLDS is inert
