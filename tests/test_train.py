@@ -350,7 +350,9 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
     monkeypatch.setattr("policy.load_policy", load_and_watch)  # the reference is loaded through it
     train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2",
                      "--probe-questions", "0")  # the probe's passes: tests/test_probe.py
-    assert len(passes) == 4 * 4  # 8 trajectories in micro-batches of 2: old, ref, update (2 mini-batches), after
+    # 8 trajectories in micro-batches of 2: old (the second mini-batch only: the first's are the update's own
+    # forward), ref, update (2 mini-batches), after
+    assert len(passes) == 2 + 4 + 4 + 4
     for h in hooks:
         h.remove()
     for i, p in enumerate(passes):
