@@ -5,7 +5,8 @@
 
 Only what the student wrote is graded, and no student code runs where a verdict is made:
 
-1. From the student's files, the `ast` module takes the *bodies* of the exercise's functions (and of helper functions
+1. From the student's files (their own regular files only: a symbolic link or a special file scores 0; UTF-8, a
+   byte-order mark accepted), the `ast` module takes the *bodies* of the exercise's functions (and of helper functions
    the student added); none of the student's module-level code runs, not even a def's decorators or defaults (the
    signature is ours). They go into copies of our modules in a fresh temporary tree, in which every other exercise's
    function is blank except those the exercise uses (`"uses"` in make_assignment.EXERCISES: our reference).
@@ -32,6 +33,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -95,6 +97,22 @@ def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, lis
     return found, helpers, ""
 
 
+def read_student(path: Path) -> tuple[str, str]:
+    """(the text of the student's file, "") or ("", what is wrong). Only the student's own regular file is read: not a
+    symbolic link (a link to /proc/self/cwd/grpo.py would make this process read our reference), nor a FIFO or a
+    device (O_NOFOLLOW | O_NONBLOCK, then fstat); UTF-8, a byte-order mark accepted (Python runs such a file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "", "not in the student's copy"
+    except OSError:
+        return "", "not a regular file of the student's copy (a symbolic link?): only the student's own files are graded"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return "", "not a regular file (a folder, FIFO or device): only the student's own files are graded"
+        return f.read(2_000_000).decode("utf-8-sig", errors="replace"), ""
+
+
 def build_runner_tree(student: Path, exercise: str, dest: Path) -> str:
     """The runner's tree for `exercise`: our modules with the student's functions of the exercise, ours of the
     exercises it uses, every other exercise function blank; our tests; snapshots without their expected values.
@@ -110,10 +128,10 @@ def build_runner_tree(student: Path, exercise: str, dest: Path) -> str:
                 text = blank(text, names, other)
         mine = [n for f, n in spec["functions"] if f == file]
         if mine:
-            path = student / file
-            if not path.is_file():
-                return f"{file}: not in the student's copy"
-            found, helpers, problem = student_functions(path.read_text(encoding="utf-8", errors="replace"), ours, mine)
+            source, problem = read_student(student / file)
+            if problem:
+                return f"{file}: {problem}"
+            found, helpers, problem = student_functions(source, ours, mine)
             if problem:
                 return f"{file} {problem}"
             text = blank(text, [n for n in mine if n not in found], exercise)

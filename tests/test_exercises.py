@@ -34,8 +34,13 @@ def snapshot(name):
 
 
 def close(a, b, atol=1e-6, rtol=1e-5) -> bool:
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32),
-                          atol=atol, rtol=rtol, equal_nan=False)
+    """a equals b to the tolerances, element by element, with the same shape and, for two float tensors, the same
+    dtype: never broadcast (torch.allclose alone takes an empty [1, 0] or [0, T] answer as equal to anything)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype != b.dtype \
+            and a.is_floating_point() and b.is_floating_point():
+        return False
+    a, b = torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)
+    return a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=False)
 
 
 def fmt(x) -> list:
@@ -78,6 +83,7 @@ def test_advantages_all_equal_group_is_exactly_zero():
     # the rule A is ~0.056, not 0 (which sizes leave one depends on the CPU's summation order: three chances)
     rewards, ids = [0.3] * 3 + [1.0] * 3 + [0.9] * 3 + [0.7] * 7, ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 7
     adv = grpo.group_advantages(torch.tensor(rewards), ids)
+    assert adv.shape == (16,), f"one advantage per trajectory: want shape (16,), got {tuple(adv.shape)}"
     assert bool((adv == 0).all()), (  # exact: departure 3 sets these to 0, not to something near it
         f"a group whose rewards are all equal carries no signal: A must be exactly 0 (departure 3: the float mean "
         f"leaves a residue that 1e-6 blows up); got {fmt(adv)}")
@@ -554,6 +560,16 @@ def test_em_check_aliases_and_none():
     assert got == [1.0, 0.0], f"a str gold is one alias, never a list of characters; got {got}"  # exact: a branch
     got = em_check(None, ["Paris"])
     assert got == 0.0, f"no <answer> (prediction None) scores 0; got {got}"  # exact: em_check returns by a branch
+
+
+@ex("em")
+def test_em_check_is_exact_match_not_a_substring():
+    from rollout import em_check
+
+    got = [em_check("Paris, France", ["Paris"]), em_check("the city of Paris", "Paris"), em_check("Paris", "paris.")]
+    assert got == [0.0, 0.0, 1.0], (  # exact: em_check returns 0.0 or 1.0 by a branch
+        f"exact match, not a substring: the normalised prediction must equal a normalised gold (Search-R1's "
+        f"subem_check, 'gold in prediction', is another metric); got {got}")
 
 
 @ex("em")

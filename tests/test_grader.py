@@ -6,6 +6,7 @@ the student is the grader's own text. A table of the visible tests' answers pass
 About a minute on 2 cores (a grading of eight exercises, and three of one). That our code scores full marks
 through grade.py is in tests/test_course.py::test_the_grader_gives_full_marks_and_each_planted_mistake_its_message."""
 
+import os
 import shutil
 import sys
 import textwrap
@@ -204,3 +205,32 @@ def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
     row = grade.run_exercise(tree, "advantages")
     assert (row["passed"], row["total"]) == (6, 7) and row["points"] == pytest.approx(12.9), row
     assert row["first_failure"].startswith("test_advantages_snapshot: snapshot"), row
+
+
+def test_only_the_students_own_regular_files_are_read(tmp_path):
+    """A copy whose grpo.py is a symbolic link (to /proc/self/cwd/grpo.py: the grader's own folder, our reference) or
+    a FIFO scores nothing from it; a UTF-8 byte-order mark (some Windows editors write one) is read as Python reads it."""
+    import grade
+
+    (tmp_path / "link.py").symlink_to("/proc/self/cwd/grpo.py")
+    text, problem = grade.read_student(tmp_path / "link.py")
+    assert text == "" and "not a regular file" in problem and "symbolic link" in problem
+    os.mkfifo(tmp_path / "fifo.py")
+    text, problem = grade.read_student(tmp_path / "fifo.py")  # O_NONBLOCK: no hang on a FIFO nobody writes
+    assert text == "" and "not a regular file" in problem
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfdef f():\n    return 1\n")
+    assert grade.read_student(tmp_path / "bom.py") == ("def f():\n    return 1\n", "")
+    assert grade.read_student(tmp_path / "missing.py")[1] == "not in the student's copy"
+
+
+def test_a_copy_of_links_to_the_graders_folder_scores_0(tmp_path, monkeypatch):
+    """The attack that scored 100/100: a blank copy whose grpo.py, llds.py and rollout.py are symbolic links to
+    /proc/self/cwd/<file>, graded from the solution's folder, would have the grader parse our reference."""
+    tree = blank_copy(tmp_path / "student")
+    for file in ("grpo.py", "llds.py", "rollout.py"):
+        (tree / file).unlink()
+        (tree / file).symlink_to(f"/proc/self/cwd/{file}")
+    monkeypatch.chdir(ROOT)
+    rows = grade.grade(tree, list(EXERCISES))
+    assert all(r["points"] == 0 for r in rows), grade.table(rows)
+    assert all("not a regular file" in r["first_failure"] for r in rows), grade.table(rows)
