@@ -106,7 +106,7 @@ def read_student(path: Path) -> tuple[str, str]:
     except FileNotFoundError:
         return "", "not in the student's copy"
     except OSError:
-        return "", "not a regular file of the student's copy (a symbolic link?): only the student's own files are graded"
+        return "", "not a regular file (a symbolic link?): only the student's own files are graded"
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return "", "not a regular file (a folder, FIFO or device): only the student's own files are graded"

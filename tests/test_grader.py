@@ -209,7 +209,7 @@ def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
 
 def test_only_the_students_own_regular_files_are_read(tmp_path):
     """A copy whose grpo.py is a symbolic link (to /proc/self/cwd/grpo.py: the grader's own folder, our reference) or
-    a FIFO scores nothing from it; a UTF-8 byte-order mark (some Windows editors write one) is read as Python reads it."""
+    a FIFO scores nothing from it; a UTF-8 byte-order mark (some Windows editors write one) is read as Python does."""
     import grade
 
     (tmp_path / "link.py").symlink_to("/proc/self/cwd/grpo.py")
