@@ -57,9 +57,21 @@ MAX_RECORD = 50_000_000  # bytes of a runner's record read back
 # the student's functions, by ast
 
 
-def _body_only(node: ast.FunctionDef, ours: ast.FunctionDef | None) -> ast.FunctionDef:
+def _plain_value(node: ast.expr, known: set):
+    """Raise ValueError unless `node` is a value whose evaluation runs no code of the student's: a literal, or a
+    dotted name rooted in a name our module defines (`torch.float32`; the student's module-level code never runs)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    if isinstance(node, ast.Name):
+        if node.id not in known:
+            raise ValueError(f"a name our module does not define ({node.id})")
+        return
+    ast.literal_eval(node)
+
+
+def _body_only(node: ast.FunctionDef, ours: ast.FunctionDef | None, known: set = frozenset()) -> ast.FunctionDef:
     """The student's def with nothing that runs when it is defined: our signature (or, for a helper, no decorators,
-    no annotations and literal defaults only)."""
+    no annotations, and defaults that are literals or our module's dotted names: `_plain_value`)."""
     node.decorator_list, node.returns = [], None
     if ours is not None:
         node.args = ours.args
@@ -68,8 +80,45 @@ def _body_only(node: ast.FunctionDef, ours: ast.FunctionDef | None) -> ast.Funct
         if a is not None:
             a.annotation = None
     for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
-        ast.literal_eval(d)  # ValueError: not a literal
+        _plain_value(d, known)  # ValueError: it would run code
     return node
+
+
+def _literal_assign(node: ast.stmt) -> ast.Assign | None:
+    """NAME = a literal (one or more names), as an Assign; None for any other statement."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        try:
+            ast.literal_eval(node.value)
+        except ValueError:
+            return None
+        if all(isinstance(t, ast.Name) for t in targets):
+            return ast.Assign(targets=targets, value=node.value, lineno=0)
+    return None
+
+
+def _helper(node: ast.stmt, known: set) -> str | None:
+    """The source of a student's module-level helper for the runner: a function (`_body_only`), a constant (NAME = a
+    literal), or a class of methods, literal attributes and a docstring with no bases, keywords or decorators; None
+    for any other statement (not graded: it never runs). Raises ValueError for a default that would run code."""
+    if isinstance(node, ast.FunctionDef):
+        return ast.unparse(_body_only(node, None, known))
+    if (assign := _literal_assign(node)) is not None:
+        return ast.unparse(assign)
+    if isinstance(node, ast.ClassDef) and not (node.bases or node.keywords or node.decorator_list):
+        body = []
+        for item in node.body:
+            if isinstance(item, ast.Expr) and isinstance(item.value, ast.Constant):
+                body.append(item)  # the docstring
+            elif isinstance(item, ast.FunctionDef):
+                body.append(_body_only(item, None, known))
+            elif (assign := _literal_assign(item)) is not None:
+                body.append(assign)
+            else:
+                return None  # a class statement that would run code: not graded
+        node.body = body or [ast.Pass()]
+        return ast.unparse(node)
+    return None
 
 
 def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, list, str]:
@@ -88,12 +137,21 @@ def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, lis
     defined = {n.name for n in ref.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     defined |= {t.id for n in ref.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    imports = [n for n in ref.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    known = defined | {(a.asname or a.name).split(".")[0] for n in imports for a in n.names}  # defaults may name them
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name not in defined:
-            try:
-                helpers.append(ast.unparse(_body_only(node, None)))
-            except ValueError:
-                return {}, [], f"helper {node.name}: a default value that is not a literal"
+        names = {node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            {t.id for t in (node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)])
+             if isinstance(t, ast.Name)}
+        if not names or names & defined:
+            continue  # ours (imports, our functions and constants) or not a definition
+        try:
+            source = _helper(node, known)
+        except ValueError:
+            return {}, [], f"helper {node.name}: a default value that is neither a literal nor one of the module's " \
+                           "names"
+        if source:
+            helpers.append(source)
     return found, helpers, ""
 
 

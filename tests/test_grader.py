@@ -67,7 +67,8 @@ def test_a_helper_whose_default_runs_code_is_refused(tmp_path):
     (tree / "llds.py").write_text((tree / "llds.py").read_text() + "\n\ndef helper(x=open('/etc/hostname').read()):\n"
                                                                    "    return x\n")
     row = grade.run_exercise(tree, "alarm")
-    assert row["points"] == 0 and row["first_failure"] == "llds.py helper helper: a default value that is not a literal"
+    assert row["points"] == 0 and row["first_failure"] == ("llds.py helper helper: a default value that is neither a "
+                                                           "literal nor one of the module's names")
 
 
 ATTACKS = {
@@ -234,3 +235,20 @@ def test_a_copy_of_links_to_the_graders_folder_scores_0(tmp_path, monkeypatch):
     rows = grade.grade(tree, list(EXERCISES))
     assert all(r["points"] == 0 for r in rows), grade.table(rows)
     assert all("not a regular file" in r["first_failure"] for r in rows), grade.table(rows)
+
+
+def test_honest_style_and_a_byte_order_mark_grade_like_the_code_they_are(tmp_path):
+    """Our own answers, written as a student might: an unused helper with a default naming a module attribute
+    (dtype=torch.float32), a module-level constant and a helper class that an exercise function uses, and the file
+    saved with a UTF-8 byte-order mark: full points, as the same code without them."""
+    tree = blank_copy(tmp_path / "student")
+    text = (ROOT / "llds.py").read_text(encoding="utf-8")
+    ours = "    seg = action_segments(keep)  # [B, T]\n"
+    assert text.count(ours) == 1
+    text = text.replace(ours, "    seg = action_segments(keep) + _Offset().by(OFFSET)  # [B, T]\n")
+    text += ('\n\nOFFSET = 0\n\n\nclass _Offset:\n    """adds nothing"""\n    unit = 1\n\n    def by(self, k, scale=1):\n'
+             '        return k * scale * self.unit\n\n\ndef _as_float(x, dtype=torch.float32):\n'
+             '    return torch.as_tensor(x, dtype=dtype)\n')
+    (tree / "llds.py").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    row = grade.run_exercise(tree, "gate")
+    assert row["points"] == row["max"], row
