@@ -246,9 +246,9 @@ def test_honest_style_and_a_byte_order_mark_grade_like_the_code_they_are(tmp_pat
     ours = "    seg = action_segments(keep)  # [B, T]\n"
     assert text.count(ours) == 1
     text = text.replace(ours, "    seg = action_segments(keep) + _Offset().by(OFFSET)  # [B, T]\n")
-    text += ('\n\nOFFSET = 0\n\n\nclass _Offset:\n    """adds nothing"""\n    unit = 1\n\n    def by(self, k, scale=1):\n'
-             '        return k * scale * self.unit\n\n\ndef _as_float(x, dtype=torch.float32):\n'
-             '    return torch.as_tensor(x, dtype=dtype)\n')
+    text += ('\n\nOFFSET = 0\n\n\nclass _Offset:\n    """adds nothing"""\n    unit = 1\n\n'
+             '    def by(self, k, scale=1):\n        return k * scale * self.unit\n\n\n'
+             'def _as_float(x, dtype=torch.float32):\n    return torch.as_tensor(x, dtype=dtype)\n')
     (tree / "llds.py").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     row = grade.run_exercise(tree, "gate")
     assert row["points"] == row["max"], row
