@@ -15,9 +15,11 @@ likelihood of each step's *own* samples, which vanish once the reward is 0. Thes
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -160,14 +162,16 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimizer: str = "adamw",
-                temperature: float = 1.0, vocab_size: int, clip_eps: float = 0.2):
+                temperature: float = 1.0, vocab_size: int, clip_eps: float = 0.2, amp=None):
     """Per response of ONE group, the change of its sequence log-likelihood after k updates on that group alone:
     (Delta [G] = sum_t (log pi_k - log pi_0)(y_t) over model tokens, nats per response (Eq. 2); the per-token change
     [G, T], 0 off the model tokens). The loss of each update
     is the GRPO policy loss (PPO clip, token mean; no KL, no entropy term: plain GRPO) + llds x L_LLDS (action gate,
     the code's norm), the advantages the group's own (Eq. 1), the old log-probs pi_0's; the optimizer is a fresh
-    AdamW (the training defaults: betas 0.9/0.999, weight decay 0.01) or SGD at lr. The model's weights are restored
-    before returning. batch: collate() of the group's G responses; reward [G]."""
+    AdamW (the training defaults: betas 0.9/0.999, weight decay 0.01) or SGD at lr. `amp`: policy.autocast's function
+    (None: fp32). The model's weights are restored before returning. batch: collate() of the group's G responses;
+    reward [G]."""
+    amp = amp or (lambda cache=True: contextlib.nullcontext())
     saved = copy.deepcopy(model.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.01) if optimizer == "adamw" \
@@ -175,51 +179,85 @@ def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimiz
     rows, mask = slice(None), batch["loss_mask"]
     adv = group_advantages(reward, [0] * len(reward))  # [G]
     try:
-        old = batch_logp(model, batch, len(reward), temperature, vocab_size)  # [G, T]
+        with amp():
+            old = batch_logp(model, batch, len(reward), temperature, vocab_size)  # [G, T]
         for _ in range(k):
-            logp, _ = response_logp(model, batch, rows, temperature, vocab_size)
-            dev = logp.device
-            pg, _ = grpo_loss(logp, old.to(dev), None, adv.to(dev), mask.to(dev), clip_eps=clip_eps, kl_coef=0.0,
-                              entropy_coef=0.0)
-            reg, _ = llds_loss(logp, old.to(dev), adv.to(dev), mask.to(dev))
+            with amp(cache=False):
+                logp, _ = response_logp(model, batch, rows, temperature, vocab_size)
+                dev = logp.device
+                pg, _ = grpo_loss(logp, old.to(dev), None, adv.to(dev), mask.to(dev), clip_eps=clip_eps,
+                                  kl_coef=0.0, entropy_coef=0.0)
+                reg, _ = llds_loss(logp, old.to(dev), adv.to(dev), mask.to(dev))
             opt.zero_grad(set_to_none=True)
             (pg + llds * reg).backward()
             opt.step()
-        after = batch_logp(model, batch, len(reward), temperature, vocab_size)
+        with amp():
+            after = batch_logp(model, batch, len(reward), temperature, vocab_size)
         return ((after - old) * mask).sum(-1), (after - old) * mask  # [G], [G, T]
     finally:
         model.load_state_dict(saved)
 
 
-def delta_probe(model, tokenizer, groups: list[dict], *, ks=(1, 2, 4), lambdas=(0.0, 0.2), lr: float,
-                optimizer: str = "adamw", temperature: float = 1.0) -> list[dict]:
-    """Fig. 3a's probe over `groups` (frozen trajectories of one question each, _frozen()), keeping the mixed ones
-    (some correct, some not). For each (k, lambda): mixed groups, the fraction with Delta(x) < 0 (Delta(x): the mean
-    of group_delta over the group's correct responses) and its Wilson 95% interval, and the mean over groups of the
-    mean Delta of correct and of incorrect responses, in all and by part (first action, later actions, answer span:
-    the token sums of the change over that part, nats per response). Returns one dict per (k, lambda)."""
-    vocab = len(tokenizer)
-    mixed = [g for g in groups if 0 < sum(r == 1 for r in g["reward"]) < len(g["reward"])]
+def is_mixed(group: dict) -> bool:
+    """Some of the group's answers right, some wrong: the groups GRPO learns from (the others have advantage 0)."""
+    return 0 < sum(r == 1 for r in group["reward"]) < len(group["reward"])
+
+
+def group_deltas(model, tokenizer, group: dict, *, ks=(1, 2, 4), lambdas=(0.0, 0.2), lr: float,
+                 optimizer: str = "adamw", temperature: float = 1.0, amp=None) -> dict:
+    """One mixed group's changes for every (k, lambda): {"k,lambda": {set or set_part: nats per response}} with set in
+    (correct, incorrect) the mean of group_delta over the set's responses and part in (first, later, answer) the
+    token sums of the change over the first action, the later actions, the final answer span."""
+    batch, reward = _batch(group, tokenizer.pad_token_id)
+    seg, ans = action_segments(batch["loss_mask"]), batch["answer_mask"]
+    out = {}
+    for k in ks:
+        for lam in lambdas:
+            delta, tok = group_delta(model, batch, reward, k=k, llds=lam, lr=lr, optimizer=optimizer,
+                                     temperature=temperature, vocab_size=len(tokenizer), amp=amp)
+            cell = out[f"{k},{lam:g}"] = {}
+            for s in SETS:
+                w = (reward == 1) == (s == "correct")
+                cell[s] = delta[w].mean().item()
+                for q, pick in PARTS.items():
+                    cell[f"{s}_{q}"] = (tok * pick(seg, ans).float()).sum(-1)[w].mean().item()
+    return out
+
+
+def summarize(results: list[dict], groups: int, ks, lambdas) -> list[dict]:
+    """The Fig. 3a table of group_deltas' results (one per mixed group): per (k, lambda), the mixed groups, the
+    fraction with Delta(x) < 0 (Delta(x): the group's mean change over its correct responses) and its Wilson 95%
+    interval, and the means over groups of each set's and part's change (delta_correct, delta_incorrect_first, ...)."""
     out = []
     for k in ks:
         for lam in lambdas:
-            per = {f"{s}{p}": [] for s in SETS for p in ("", *(f"_{q}" for q in PARTS))}
-            for g in mixed:
-                batch, reward = _batch(g, tokenizer.pad_token_id)
-                delta, tok = group_delta(model, batch, reward, k=k, llds=lam, lr=lr, optimizer=optimizer,
-                                         temperature=temperature, vocab_size=vocab)
-                seg, ans = action_segments(batch["loss_mask"]), batch["answer_mask"]
-                for s in SETS:
-                    w = (reward == 1) == (s == "correct")
-                    per[s].append(delta[w].mean().item())
-                    for q, pick in PARTS.items():
-                        per[f"{s}_{q}"].append((tok * pick(seg, ans).float()).sum(-1)[w].mean().item())
-            neg = sum(d < 0 for d in per["correct"])
-            lo, hi = wilson(neg, len(mixed))
-            out.append({"k": k, "llds": lam, "groups": len(groups), "mixed": len(mixed), "frac_neg": neg / len(mixed)
-                        if mixed else None, "ci95": [lo, hi],
-                        **{f"delta_{key}": float(np.mean(v)) if v else None for key, v in per.items()}})
+            cells = [r[f"{k},{lam:g}"] for r in results]
+            neg = sum(c["correct"] < 0 for c in cells)
+            lo, hi = wilson(neg, len(cells))
+            keys = [f"{s}{p}" for s in SETS for p in ("", *(f"_{q}" for q in PARTS))]
+            out.append({"k": k, "llds": lam, "groups": groups, "mixed": len(cells),
+                        "frac_neg": neg / len(cells) if cells else None, "ci95": [lo, hi],
+                        **{f"delta_{key}": float(np.mean([c[key] for c in cells])) if cells else None
+                           for key in keys}})
     return out
+
+
+def delta_probe(model, tokenizer, groups: list[dict], *, ks=(1, 2, 4), lambdas=(0.0, 0.2), lr: float,
+                optimizer: str = "adamw", temperature: float = 1.0, amp=None, done: list[dict] | None = None,
+                on_group=None) -> list[dict]:
+    """Fig. 3a's probe over `groups` (frozen trajectories of one question each, _frozen()), keeping the mixed ones:
+    summarize() of group_deltas() of each. `done`: the results of the first mixed groups from an earlier, stopped
+    call (skipped); on_group(result) is called after each group (to save it). Returns one dict per (k, lambda)."""
+    from tqdm import tqdm
+
+    mixed, results = [g for g in groups if is_mixed(g)], list(done or [])
+    for g in tqdm(mixed[len(results):], desc="mixed groups", initial=len(results), total=len(mixed),
+                  disable=len(mixed) < 2):
+        results.append(group_deltas(model, tokenizer, g, ks=ks, lambdas=lambdas, lr=lr, optimizer=optimizer,
+                                    temperature=temperature, amp=amp))
+        if on_group:
+            on_group(results[-1])
+    return summarize(results, len(groups), ks, lambdas)
 
 
 def main(argv=None):
@@ -236,38 +274,77 @@ def main(argv=None):
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=500)
     ap.add_argument("--max-obs-tokens", type=int, default=500)
+    ap.add_argument("--topk", type=int, default=3, help="passages per search (default 3)")
+    ap.add_argument("--amp", choices=("off", "bf16"), default="off",
+                    help="bf16 autocast (a GPU, or a CPU with bf16 units; default off)")
     ap.add_argument("--seed", type=int, default=0, help="the rollouts' sampling seed")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    ap.add_argument("--out", default="", help="write the table's rows here as JSON (default: print only)")
+    ap.add_argument("--out", default="", help="write the table's rows here as JSON (default: print only); the "
+                    "rollouts and each finished group are kept beside it (OUT.groups.json, OUT.partial.jsonl) until "
+                    "the table is written, so the same command resumes a stopped probe")
     a = ap.parse_args(argv)
     for flag, v in (("--questions", a.questions), ("--group-size", a.group_size), ("--max-turns", a.max_turns + 1),
-                    ("--max-new-tokens", a.max_new_tokens), ("--max-obs-tokens", a.max_obs_tokens), *(("--k", k)
-                    for k in a.k)):
+                    ("--max-new-tokens", a.max_new_tokens), ("--max-obs-tokens", a.max_obs_tokens),
+                    ("--topk", a.topk), *(("--k", k) for k in a.k)):
         if v < 1:
             ap.error(f"{flag} must be >= 1 (--max-turns >= 0), got {v}")
     if a.lr <= 0 or any(lam < 0 for lam in a.llds) or a.group_size < 2:
         ap.error("--lr must be > 0, every --llds >= 0 and --group-size >= 2 (a group needs two answers to be mixed)")
     from data import load_questions
     from engine import GENERATORS
-    from policy import load_policy
+    from policy import autocast, load_policy
     from retriever import make_retriever
     from rollout import rollout
 
+    out = Path(a.out) if a.out else None
+    saved_groups, partial = (Path(f"{out}.groups.json"), Path(f"{out}.partial.jsonl")) if out else (None, None)
+    keep = {k: v for k, v in vars(a).items() if k != "out"}
+    saved = json.loads(saved_groups.read_text()) if saved_groups and saved_groups.is_file() else None
+    if saved and saved["args"] != keep:
+        changed = sorted(k for k in keep if saved["args"].get(k) != keep[k])
+        raise SystemExit(f"error: --out {out}: a stopped probe with other flags ({', '.join(changed)}) is kept "
+                         f"beside it in {saved_groups.name}; give another --out, or delete it to start over")
     try:
         model, tokenizer, device = load_policy(a.model, "float32", a.device)
         rows = load_questions(a.train_data)[:a.questions]
-        retriever = make_retriever(a.corpus, "")
+        retriever = make_retriever(a.corpus, "") if not saved else None
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    torch.manual_seed(a.seed)
-    generate = GENERATORS["cb"](model, tokenizer, max_new_tokens=a.max_new_tokens, batch_size=64)
-    t = time.time()
-    episodes = rollout(generate, tokenizer, rows, retriever.search, group_size=a.group_size, max_turns=a.max_turns,
-                       max_obs_tokens=a.max_obs_tokens, topk=3)
-    groups = [_frozen(episodes[i:i + a.group_size]) for i in range(0, len(episodes), a.group_size)]
-    print(f"{len(rows)} questions x {a.group_size} rollouts in {time.time() - t:.0f} s; mean reward "
-          f"{np.mean([e.reward for e in episodes]):.3f}")
-    table = delta_probe(model, tokenizer, groups, ks=a.k, lambdas=a.llds, lr=a.lr, optimizer=a.optimizer)
+    amp = autocast(a.amp, device)
+    if saved:
+        groups = saved["groups"]
+        print(f"resuming: {len(groups)} groups read back from {saved_groups}")
+    else:
+        torch.manual_seed(a.seed)
+        generate = GENERATORS["cb"](model, tokenizer, max_new_tokens=a.max_new_tokens, batch_size=64)
+        t = time.time()
+        with amp():
+            episodes = rollout(generate, tokenizer, rows, retriever.search, group_size=a.group_size,
+                               max_turns=a.max_turns, max_obs_tokens=a.max_obs_tokens, topk=a.topk)
+        groups = [_frozen(episodes[i:i + a.group_size]) for i in range(0, len(episodes), a.group_size)]
+        print(f"{len(rows)} questions x {a.group_size} rollouts in {time.time() - t:.0f} s; mean reward "
+              f"{np.mean([e.reward for e in episodes]):.3f}; {sum(map(is_mixed, groups))} mixed groups")
+        if out:
+            atomic_write(saved_groups, json.dumps({"args": keep, "groups": groups}))
+    done = []
+    if partial and partial.is_file():  # complete lines only: a kill may cut the last one
+        for line in partial.read_text().splitlines():
+            try:
+                done.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        atomic_write(partial, "".join(json.dumps(r) + "\n" for r in done))
+
+    def save(result):
+        if partial:
+            with open(partial, "a") as f:
+                f.write(json.dumps(result) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+    table = delta_probe(model, tokenizer, groups, ks=a.k, lambdas=a.llds, lr=a.lr, optimizer=a.optimizer, amp=amp,
+                        done=done, on_group=save)
     print(f"{'k':>2} {'lambda':>6} {'mixed':>5} {'Delta<0':>8} {'95% CI':>13} {'correct':>9} {'first':>8} "
           f"{'later':>8} {'answer':>8} {'incorrect':>9}")
     for r in table:
@@ -275,9 +352,11 @@ def main(argv=None):
         print(f"{r['k']:>2} {r['llds']:>6g} {r['mixed']:>5} {f(r['frac_neg']):>8} "
               f"{'[%.2f, %.2f]' % tuple(r['ci95']):>13} {f(r['delta_correct']):>9} {f(r['delta_correct_first']):>8} "
               f"{f(r['delta_correct_later']):>8} {f(r['delta_correct_answer']):>8} {f(r['delta_incorrect']):>9}")
-    if a.out:
-        atomic_write(Path(a.out), json.dumps({"args": vars(a), "rows": table}, indent=1))
-        print(f"wrote {a.out}")
+    if out:
+        atomic_write(out, json.dumps({"args": vars(a), "rows": table}, indent=1))
+        saved_groups.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

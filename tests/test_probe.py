@@ -173,3 +173,42 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
     bad = subprocess.run([*cmd, "--questions", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--questions must be >= 1 "
                                                                                 "(--max-turns >= 0), got 0")
+
+
+def test_a_stopped_probe_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """Killed after its first mixed group, the same command reads back the rollouts and that group's result and does
+    only the rest; the table equals an unbroken run's; other flags on a stopped --out are refused in one line."""
+    import probe
+    import search_world
+
+    search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
+    cmd = ["--model", "scripts/world0_policy", "--train-data", str(tmp_path / "w" / "world_train.jsonl"), "--corpus",
+           str(tmp_path / "w" / "corpus.jsonl"), "--questions", "8", "--group-size", "4", "--k", "2", "--llds", "0",
+           "0.2", "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3"]
+    monkeypatch.chdir(ROOT)
+    probe.main([*cmd, "--out", str(tmp_path / "whole.json")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "whole.json"]  # nothing left beside the table
+    real, calls = probe.group_deltas, []
+
+    def stop_at_the_second(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(probe, "group_deltas", stop_at_the_second)
+    out = tmp_path / "stopped.json"
+    with pytest.raises(KeyboardInterrupt):
+        probe.main([*cmd, "--out", str(out)])
+    assert not out.exists() and len(Path(f"{out}.partial.jsonl").read_text().splitlines()) == 1
+    with pytest.raises(SystemExit, match=r"a stopped probe with other flags \(lr\)"):
+        probe.main([*cmd[:-1], "1e-4", "--out", str(out)])
+    calls.clear()
+    monkeypatch.setattr(probe, "group_deltas", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    probe.main([*cmd, "--out", str(out)])
+    whole, resumed = (json.loads((tmp_path / n).read_text())["rows"] for n in ("whole.json", "stopped.json"))
+    assert len(calls) == whole[0]["mixed"] - 1 >= 1
+    for a, b in zip(whole, resumed):
+        assert a.keys() == b.keys() and a["mixed"] == b["mixed"] and a["frac_neg"] == pytest.approx(b["frac_neg"])
+        for key in (k for k in a if k.startswith("delta_")):
+            assert a[key] == pytest.approx(b[key], abs=1e-5)
+    assert not Path(f"{out}.partial.jsonl").exists() and not Path(f"{out}.groups.json").exists()
