@@ -48,8 +48,7 @@ from make_assignment import EXERCISES, ROOT, blank, find, is_blank, splice  # no
 PLUGIN = Path(__file__).resolve().parent / "grade_plugin.py"
 MODULES = sorted({file for spec in EXERCISES.values() for file, _ in spec["functions"]})  # grpo.py llds.py rollout.py
 TEST_FILES = ["pytest.ini", "tests/conftest.py", "tests/tiny.py", "tests/test_exercises.py"]
-SNAPSHOT_OUTPUTS = {"advantages": ["adv"], "clipped": ["loss", "grad", "clip_frac"], "kl": ["k3", "grad"],
-                    "gate": ["seg", "gate", "n_on", "n_units"], "llds": ["loss", "grad", "gate_rate"]}
+SNAPSHOTS = ["advantages", "clipped", "kl", "gate", "llds"]  # exercises with snapshot tests (tests/snapshots/)
 MAX_RECORD = 50_000_000  # bytes of a runner's record read back
 
 
@@ -198,23 +197,21 @@ def build_runner_tree(student: Path, exercise: str, dest: Path) -> str:
             for source in helpers:
                 text = text.rstrip("\n") + "\n\n\n" + source + "\n"
         (dest / file).write_text(text, encoding="utf-8")
-    _copy_tests(dest, snapshots=exercise in SNAPSHOT_OUTPUTS and [exercise], outputs=False)
+    (dest / "tests").mkdir()
+    for rel in ("tests/tiny.py", "tests/_grading.py"):  # the tokenizer a planned call may take; the runner itself
+        shutil.copy2(PLUGIN if rel.endswith("_grading.py") else ROOT / rel, dest / rel)
     return ""
 
 
-def _copy_tests(dest: Path, snapshots, outputs: bool):
+def _copy_tests(dest: Path, snapshots):
+    """Our tests, the grading plugin and the snapshots (with their expected values) into a tree of our code."""
     for rel in TEST_FILES:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest / rel)
     shutil.copy2(PLUGIN, dest / "tests" / "_grading.py")
     (dest / "tests" / "snapshots").mkdir()
-    for name in snapshots or []:
-        data = json.loads((ROOT / "tests" / "snapshots" / f"{name}.json").read_text())
-        if not outputs:
-            for case in data.get("cases", [data]):
-                for key in SNAPSHOT_OUTPUTS[name]:
-                    case.pop(key, None)
-        (dest / "tests" / "snapshots" / f"{name}.json").write_text(json.dumps(data))
+    for name in snapshots:
+        shutil.copy2(ROOT / "tests" / "snapshots" / f"{name}.json", dest / "tests" / "snapshots" / f"{name}.json")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -274,21 +271,18 @@ def _base_env() -> dict:
     return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "BASE": sys.base_prefix, "PREFIX": sys.prefix}
 
 
-def _pytest(tree: Path, exercises: list[str], config: dict, timeout: float, optimize: bool) -> tuple[int | None, str]:
-    """pytest on tests/test_exercises.py in `tree`, a clean environment, its own session (killed whole at the time
-    limit); the runner (optimize) in the sandbox where there is one. Returns (exit code or None on timeout, its
+def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bool) -> tuple[int | None, str]:
+    """`python [-O] ARGS` in `tree` with grading.json = config, a clean environment, its own session (killed whole at
+    the time limit); the runner (-O) in the sandbox where there is one. Returns (exit code or None on timeout, its
     output's tail: shown to nobody but our own tests)."""
     (tree / "grading.json").write_text(json.dumps(config))
     marker = secrets.token_hex(8)
-    sandboxed = optimize and sandbox_works()
+    sandboxed = runner and sandbox_works()
     where = Path("/tree") if sandboxed else tree
     env = {"PATH": "/usr/bin:/bin", "HOME": str(where), "TMPDIR": str(where), "PYTHONPATH": str(where / "tests"),
            "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GRADE_RUN": marker}
-    optimize = ["-O"] if optimize else []  # with pytest's own assert rewriting off, -O removes every assert
-    cmd = [sys.executable, *optimize, "-m", "pytest", "-q", "-p", "_grading", "-p", "no:cacheprovider",
-           *(["--assert=plain"] if optimize else []), "tests/test_exercises.py"]
-    cmd += [a for ex in exercises for a in ("--exercise", ex)]
+    cmd = [sys.executable, *(["-O"] if runner else []), *args]
     if sandboxed:
         (tree.parent / f"{tree.name}_root").mkdir()
         cmd = UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd
@@ -302,6 +296,11 @@ def _pytest(tree: Path, exercises: list[str], config: dict, timeout: float, opti
         code, tail = None, ""
     _kill_leftovers(proc, marker)
     return code, tail
+
+
+def _pytest_args(exercises: list[str]) -> list[str]:
+    return ["-m", "pytest", "-q", "-p", "_grading", "-p", "no:cacheprovider", "tests/test_exercises.py",
+            *[a for ex in exercises for a in ("--exercise", ex)]]
 
 
 def _kill_leftovers(proc: subprocess.Popen, marker: str):
@@ -325,16 +324,39 @@ def _kill_leftovers(proc: subprocess.Popen, marker: str):
 _PARSE_LOCK = threading.Lock()  # run_student's tree building, which parses the student's files
 
 
-def run_student(student: Path, exercise: str, tmp: Path, timeout: float) -> dict:
-    """The runner for one exercise: {"problem": one line or "", "recorded": {test id: calls}}."""
+def plan(exercises: list[str], tmp: Path, timeout: float = 600.0) -> dict:
+    """The call plan: our tests on our code, every call to an exercise function written down with its inputs only.
+    Returns {exercise: {test id: [call, ...]}}."""
+    tree = tmp / "plan"
+    tree.mkdir()
+    for file in MODULES:
+        shutil.copy2(ROOT / file, tree / file)
+    _copy_tests(tree, [e for e in exercises if e in SNAPSHOTS])
+    config = {"mode": "plan", "functions": _functions(exercises), "plan": "plan.jsonl"}
+    code, tail = _spawn(tree, _pytest_args(exercises), config, timeout, runner=False)
+    if code != 0 or not (tree / "plan.jsonl").is_file():
+        raise RuntimeError(f"our tests failed on our code while planning (exit {code}): {tail}")
+    out = {ex: {} for ex in exercises}
+    for line in (tree / "plan.jsonl").read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        out[entry["exercise"]][entry["test"]] = entry["calls"]
+    return out
+
+
+def run_student(student: Path, exercise: str, tmp: Path, timeout: float, calls: dict) -> dict:
+    """The runner for one exercise: the planned `calls` ({test id: [call]}) made on the student's functions.
+    Returns {"problem": one line or "", "recorded": {test id: calls}}."""
     tree = tmp / f"runner_{exercise}"
     tree.mkdir()
     with _PARSE_LOCK:  # one tree at a time: its ast.parse calls in two threads at once can raise CPython 3.11's
         problem = build_runner_tree(student, exercise, tree)  # "AST constructor recursion depth mismatch" (gh-106905)
     if problem:
         return {"problem": problem, "recorded": {}}
-    code, _ = _pytest(tree, [exercise], {"mode": "record", "functions": _functions([exercise]),
-                                          "record": "record.jsonl"}, timeout, optimize=True)
+    (tree / "plan.json").write_text(json.dumps(calls))
+    names = sorted({c["name"] for test in calls.values() for c in test})
+    config = {"mode": "run", "functions": [n.split(".", 1) for n in names] or _functions([exercise]),
+              "plan": "plan.json", "record": "record.jsonl"}
+    code, _ = _spawn(tree, ["tests/_grading.py"], config, timeout, runner=True)
     recorded = {}
     record = tree / "record.jsonl"
     if record.is_file() and record.stat().st_size <= MAX_RECORD:
@@ -345,7 +367,7 @@ def run_student(student: Path, exercise: str, tmp: Path, timeout: float) -> dict
             except (ValueError, KeyError, TypeError, RecursionError):  # a line the student's code wrote, perhaps
                 continue
     problem = f"timed out after {timeout:.0f} s (an endless loop?)" if code is None else \
-        "" if recorded else f"the tests did not run (exit {code}): does the student's code import?"
+        "" if recorded else f"the runner recorded nothing (exit {code}): does the student's code import?"
     return {"problem": problem, "recorded": recorded}
 
 
@@ -355,11 +377,11 @@ def judge(recorded: dict, exercises: list[str], tmp: Path, timeout: float = 600.
     tree.mkdir()
     for file in MODULES:
         shutil.copy2(ROOT / file, tree / file)
-    _copy_tests(tree, snapshots=[e for e in exercises if e in SNAPSHOT_OUTPUTS], outputs=True)
+    _copy_tests(tree, [e for e in exercises if e in SNAPSHOTS])
     (tree / "recorded.json").write_text(json.dumps(recorded))
     config = {"mode": "replay", "functions": _functions(exercises), "recorded": "recorded.json",
               "results": "results.jsonl"}
-    code, tail = _pytest(tree, exercises, config, timeout, optimize=False)
+    code, tail = _spawn(tree, _pytest_args(exercises), config, timeout, runner=False)
     results = tree / "results.jsonl"
     if code is None or not results.is_file():
         raise RuntimeError(f"the judge failed (exit {code}): {tail}")
@@ -372,8 +394,10 @@ def grade(student: Path, exercises: list[str], timeout: float = 120.0, jobs: int
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="grade_") as tmp:
         tmp = Path(tmp)
+        calls = plan(exercises, tmp)
         with ThreadPoolExecutor(max(1, jobs)) as pool:
-            runs = dict(zip(exercises, pool.map(lambda ex: run_student(student, ex, tmp, timeout), exercises)))
+            runs = dict(zip(exercises, pool.map(lambda ex: run_student(student, ex, tmp, timeout, calls[ex]),
+                                                exercises)))
         verdicts = judge({ex: r["recorded"] for ex, r in runs.items()}, exercises, tmp)
     rows = []
     for ex in exercises:

@@ -1,29 +1,33 @@
-"""The pytest plugin of scripts/grade.py, copied into each graded tree as tests/_grading.py and loaded with
-`-p _grading`. It reads grading.json in the working folder and works in one of two modes:
+"""The grading plugin of scripts/grade.py, copied into each graded tree as tests/_grading.py. It reads grading.json in
+the working folder and works in one of three modes:
 
-* record (the *runner*: the student's functions, run with `python -O`, so no assertion is evaluated and the runner
-  judges nothing): each exercise function is wrapped; every call a test makes to it (not the calls the functions make
-  to each other) is written down, with what it returned or raised and, for a returned tensor that has a gradient,
-  its Jacobian with respect to each input tensor that requires one. One JSON line per test goes to grading.json's
-  "record" file as soon as the test ends.
-* replay (the *judge*: our code only, never the student's): each exercise function is replaced by a stub that hands
-  the test, call by call, what the runner recorded (a tensor with Jacobians has the recorded value and, through
-  autograd, the recorded gradient J^T g), and the test's own assertions decide. The outcome of every test
-  goes to grading.json's "results" file.
+* plan (pytest `-p _grading`, our code only): each exercise function is wrapped; every call a test makes to it (not
+  the calls the functions make to each other) is written down with its *inputs only* (arguments, which tensors
+  require a gradient, a method's object state before the call): the call plan, one JSON line per test.
+* run (the *runner*: `python -O tests/_grading.py`, the student's functions, no pytest, no test file, no snapshot):
+  each planned call is made on the student's function with the planned inputs, and what it returned or raised is
+  written down and, for a returned tensor that has a gradient, its Jacobian with respect to each input tensor that
+  requires one (a method: also its object's state after the call). The runner holds inputs only: no expected value
+  exists in its process, and it judges nothing.
+* replay (the *judge*: pytest, our code only, never the student's): each exercise function is replaced by a stub that
+  hands the test, call by call, what the runner recorded (a tensor with Jacobians has the recorded value and, through
+  autograd, the recorded gradient J^T g), and the test's own assertions decide. The outcome of every test goes to
+  grading.json's "results" file.
 
-So the verdicts, and the snapshots' expected values, live in a process in which no student code runs.
+So the verdicts, and every expected value, live in processes in which no student code runs.
 """
 
 import builtins
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 CONFIG = json.loads(Path("grading.json").read_text(encoding="utf-8"))
 MAX_STR = 120  # characters of a string the runner records: a grader's message quotes at most this much of it
-MAX_MSG = 60  # characters of an exception's message
 MAX_JACOBIAN = 4096  # elements of an output tensor whose Jacobian is recorded
+UNRECORDABLE = "grader: a value it cannot record (tensors, numbers, strings; lists, tuples, dicts and sets of them)"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -73,6 +77,67 @@ def decode(x):
 
 def _hashable(k):
     return tuple(k) if isinstance(k, list) else k
+
+
+def encode_input(x, memo: dict, depth=0):
+    """A call's input as JSON, in full: a tensor with its dtype and whether it requires a gradient (a tensor passed
+    twice is written once and referred to after), the test's tokenizer by name (tests/tiny.py builds it again), an
+    exercise class's object as its state; anything else is refused (the plan must hold inputs only)."""
+    if depth > 8:
+        raise TypeError("an input nested deeper than 8 levels")
+    if isinstance(x, torch.Tensor):
+        if id(x) in memo:
+            return {"__ref__": memo[id(x)]}
+        memo[id(x)] = len(memo)
+        return {**encode(x), "grad": bool(x.requires_grad), "ref": memo[id(x)]}
+    if any(c.__name__ == "PreTrainedTokenizerBase" for c in type(x).__mro__):
+        return {"__tokenizer__": "tiny"}
+    if isinstance(x, str):
+        return str.__str__(x)
+    if isinstance(x, (tuple, list, set, frozenset)):
+        items = [encode_input(v, memo, depth + 1) for v in x]
+        return items if isinstance(x, list) else {"__tuple__": items} if isinstance(x, tuple) else \
+            {"__set__": items}
+    if isinstance(x, dict):
+        return {"__dict__": [[encode_input(k, memo, depth + 1), encode_input(v, memo, depth + 1)]
+                             for k, v in x.items()]}
+    if hasattr(x, "__dict__") and type(x).__module__ in {m for m, _ in CONFIG["functions"]}:
+        return {"__object__": [type(x).__module__, type(x).__qualname__],
+                "state": encode_input(_state(x), memo, depth + 1)}
+    return encode(x, depth)
+
+
+def decode_input(x, memo: dict):
+    """encode_input's inverse: new leaf tensors (requiring a gradient where the test's did), the tokenizer, objects
+    made without running their class's __init__ and given their state."""
+    if isinstance(x, list):
+        return [decode_input(v, memo) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "__ref__" in x:
+        return memo[x["__ref__"]]
+    if "__tensor__" in x:
+        t = decode(x)
+        memo[x["ref"]] = t.requires_grad_(True) if x.get("grad") and t.is_floating_point() else t
+        return memo[x["ref"]]
+    if "__tokenizer__" in x:
+        from tiny import build_tokenizer
+
+        return build_tokenizer()
+    if "__tuple__" in x:
+        return tuple(decode_input(v, memo) for v in x["__tuple__"])
+    if "__set__" in x:
+        return {decode_input(v, memo) for v in x["__set__"]}
+    if "__object__" in x:
+        import importlib
+
+        cls = importlib.import_module(x["__object__"][0])
+        for part in x["__object__"][1].split("."):
+            cls = getattr(cls, part)
+        obj = object.__new__(cls)
+        obj.__dict__.update(decode_input(x["state"], memo))
+        return obj
+    return {_hashable(decode_input(k, memo)): decode_input(v, memo) for k, v in x["__dict__"]}
 
 
 def _grad_inputs(args, kwargs) -> list[tuple]:
@@ -154,17 +219,13 @@ def _recorder(name, fn, method):
             out = fn(*args, **kwargs)
         except BaseException as err:
             kind = type(err).__name__
-            call["raise"] = kind if getattr(builtins, kind, None) is type(err) else "Exception"
-            try:
-                call["msg"] = str(err)[:MAX_MSG]
-            except BaseException:
-                call["msg"] = ""
-            raise
+            call["raise"] = kind if getattr(builtins, kind, None) is type(err) else "Exception"  # its type only: a
+            raise  # message could carry text the student's code read (a dependency's source), a grading at a time
         else:
             try:
                 call["value"], call["jac"] = encode(out), jacobians(out, _grad_inputs(args, kwargs))
             except Exception as err:
-                call = {"name": name, "raise": "TypeError", "msg": f"grader: {str(err)[:MAX_MSG]}"}
+                call = {"name": name, "raise": "TypeError", "msg": UNRECORDABLE}
             return out
         finally:
             _depth[0] -= 1
@@ -176,6 +237,47 @@ def _recorder(name, fn, method):
             _calls.append(call)
 
     return wrapper
+
+
+def _planner(name, fn, method):
+    def wrapper(*args, **kwargs):
+        if _depth[0]:  # a call from another exercise function: not the test's
+            return fn(*args, **kwargs)
+        memo = {}
+        _calls.append({"name": name, "args": encode_input(args, memo), "kwargs": encode_input(kwargs, memo)})
+        _depth[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _depth[0] -= 1
+
+    return wrapper
+
+
+def run_plan():
+    """The runner: every planned call made on the student's functions (recorded by _recorder), one line per test."""
+    import os
+
+    sys.path[:0] = [os.getcwd()]
+    targets = {}
+    for owner, attr, qualified, method in list(_targets()):
+        setattr(owner, attr, _recorder(qualified, getattr(owner, attr), method))
+        targets[qualified] = (owner, attr)
+    plan = json.loads(Path(CONFIG["plan"]).read_text(encoding="utf-8"))
+    for test, calls in plan.items():
+        _calls.clear()
+        for call in calls:
+            if call["name"] not in targets:  # not one of this exercise's functions: replayed as not graded
+                break
+            owner, attr = targets[call["name"]]
+            memo = {}
+            args, kwargs = decode_input(call["args"], memo), decode_input(call["kwargs"], memo)
+            try:
+                getattr(owner, attr)(*args, **kwargs)
+            except Exception:
+                pass  # recorded
+        with open(CONFIG["record"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": test, "calls": list(_calls)}) + "\n")
 
 
 def _replayer(name, method):
@@ -193,7 +295,7 @@ def _replayer(name, method):
         if "raise" in call:
             kind = getattr(builtins, str(call["raise"]), Exception)
             kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else Exception
-            raise kind(str(call.get("msg", ""))[:MAX_MSG])
+            raise kind(UNRECORDABLE if call.get("msg") == UNRECORDABLE else "")
         return with_jacobians(decode(call.get("value")), call.get("jac") or [], args, kwargs)
 
     return stub
@@ -220,7 +322,7 @@ def pytest_configure(config):
         RECORDED.update({(ex, test): calls for ex, tests in by_exercise.items() for test, calls in tests.items()})
     for owner, attr, qualified, method in list(_targets()):
         fn = getattr(owner, attr)
-        setattr(owner, attr, _recorder(qualified, fn, method) if CONFIG["mode"] == "record" else
+        setattr(owner, attr, _planner(qualified, fn, method) if CONFIG["mode"] == "plan" else
                 _replayer(qualified, method))
 
 
@@ -229,13 +331,14 @@ def pytest_runtest_setup(item):
     ex = marker.args[0] if marker and marker.args else ""
     _calls.clear()
     _exercise_of[item.nodeid] = ex
-    _test["id"] = item.nodeid if CONFIG["mode"] == "record" else (ex, item.nodeid)
+    _test["id"] = item.nodeid if CONFIG["mode"] == "plan" else (ex, item.nodeid)
 
 
 def pytest_runtest_teardown(item):
-    if CONFIG["mode"] == "record":
-        with open(CONFIG["record"], "a", encoding="utf-8") as f:
-            f.write(json.dumps({"test": item.nodeid, "calls": list(_calls)}) + "\n")
+    if CONFIG["mode"] == "plan":
+        with open(CONFIG["plan"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": item.nodeid, "exercise": _exercise_of[item.nodeid], "calls": list(_calls)})
+                    + "\n")
 
 
 def pytest_runtest_logreport(report):
@@ -248,3 +351,7 @@ def pytest_runtest_logreport(report):
     with open(CONFIG["results"], "a", encoding="utf-8") as f:
         f.write(json.dumps({"test": report.nodeid, "exercise": _exercise_of.get(report.nodeid, ""),
                             "when": report.when, "outcome": report.outcome, "message": message}) + "\n")
+
+
+if __name__ == "__main__" and CONFIG["mode"] == "run":
+    run_plan()

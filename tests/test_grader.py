@@ -1,7 +1,8 @@
-"""Attacks on scripts/grade.py (issue 26), each tried on a student copy and scored: module-level code that rewrites
+"""Attacks on scripts/grade.py (issues 26, 39), each tried on a student copy and scored: module-level code that rewrites
 pytest's report; a function that looks for the grader's modules, the solution's files (through /proc or by path) or
-the snapshots' expected values; one that raises with text read from the reference; one that ends the runner, patches
-builtins, or leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
+the snapshots' expected values; one that raises with text read from the reference (its type only reaches the table);
+a test oracle that reads the calling test (the runner holds no test); one that ends the runner, patches builtins, or
+leaves a process behind to forge the judge's results. None may earn a point, and what the table shows
 the student is the grader's own text. A table of the visible tests' answers passes those tests, never the snapshots.
 About a minute on 2 cores (a grading of eight exercises, and three of one). That our code scores full marks
 through grade.py is in tests/test_course.py::test_the_grader_gives_full_marks_and_each_planted_mistake_its_message."""
@@ -176,16 +177,43 @@ def test_attacks_score_0(tmp_path):
     if not sandboxed:
         assert all("NotImplementedError" in r["first_failure"] for r in rows.values()), shown
         return
-    assert "no solution in reach" in shown and "no grader in reach" in shown and "no table entry" in shown
-    assert "the tests did not run" in rows["cut_turn"]["first_failure"]
-    # what the student is shown of the text it raised: one escaped line, 60 characters of it at most (of the reference
-    # the runner holds: the exercises used by others, here the action gate)
-    llds = rows["llds"]["first_failure"]
-    assert llds.startswith("test_llds_hand_computed_action_gate: ValueError: ")
-    assert len(llds.split("ValueError: ")[1]) <= 60
+    # an exception reaches the table as its type only: no attack's text (nor the reference's it raised) gets out
+    assert not any(text in shown for text in ("no solution in reach", "no grader in reach", "no table entry", "def "))
+    assert "the runner recorded nothing" in rows["cut_turn"]["first_failure"]
+    # what the student is shown of the text it raised (the reference the runner holds: the exercises used by others,
+    # here the action gate): nothing, only the exception's type
+    assert rows["llds"]["first_failure"] == "test_llds_hand_computed_action_gate: ValueError"
     assert all(len(r["first_failure"]) <= 400 for r in rows.values())
     not_held = [ex for ex in EXERCISES if not any(ex in spec.get("uses", []) for spec in EXERCISES.values())]
     assert not [line for line in solution_lines(ROOT, not_held) if line in shown]
+
+
+ORACLE = """
+    import os, sys
+    frame, files = sys._getframe(), []
+    while frame is not None:
+        files.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    seen = [f for f in files if "test_" in os.path.basename(f)] + [p for p in ("tests/test_exercises.py",
+            "tests/snapshots", "tests/conftest.py") if os.path.exists(p)]
+    if seen:
+        raise NotImplementedError("found " + " ".join(seen))
+    return {answer}
+"""
+
+
+def test_a_test_oracle_finds_no_test_and_no_expected_value(tmp_path):
+    """Issue 39's oracle scored 89/100 by reading the calling test's frame and its source in the runner. The runner
+    now makes planned calls only: no test frame above the student's function, no test file, no snapshot in its tree,
+    so the oracle finds nothing (it returns its own answer, graded as any answer is) and no hand-worked value either:
+    its hand-worked answer for the first advantages test scores that test only if it is right."""
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "group_advantages", ORACLE.format(answer="torch.tensor([0.5, -1.5, 0.5, 0.5])"))
+    write(tree, "llds.py", "lld_alarm", ORACLE.format(answer="'steady decay'"))
+    rows = {r["exercise"]: r for r in grade.grade(tree, ["advantages", "alarm"])}
+    shown = grade.table(list(rows.values()))
+    assert "found" not in shown and "NotImplementedError" not in shown, shown  # nothing of the tests in reach
+    assert rows["advantages"]["passed"] == 1 and rows["alarm"]["passed"] == 2, shown  # right where it is right
 
 
 def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
