@@ -10,17 +10,20 @@ Only what the student wrote is graded, and no student code runs where a verdict 
    the student added); none of the student's module-level code runs, not even a def's decorators or defaults (the
    signature is ours). They go into copies of our modules in a fresh temporary tree, in which every other exercise's
    function is blank except those the exercise uses (`"uses"` in make_assignment.EXERCISES: our reference).
-2. The *runner*, a separate `python -O` process with a clean environment whose working folder is that tree (no path to
-   this repository, to the grader's scripts or to the snapshots' generator; snapshots with their inputs only), runs
-   tests/test_exercises.py and records what each test's calls to the student's functions returned or raised
-   (scripts/grade_plugin.py). With -O no assertion runs: the runner judges nothing, and its output is not read. On
-   Linux it runs in a sandbox (SANDBOX below) that sees only the system, Python and its tree.
-3. The *judge*, another process with our code only, runs the same tests with the recorded results played back in
-   place of the student's functions, against the full snapshots; its assertions give the verdicts and the messages.
+2. The *plan*: our tests run on our code in a tree of our own, and every call a test makes to an exercise function
+   is written down with its inputs only (scripts/grade_plugin.py).
+3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1 (no path to
+   this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls on the
+   student's functions and records what each returned or raised (an exception: its type only). No test runs there and
+   no expected value exists there; its output is not read. On Linux it runs in a sandbox (SANDBOX below) that sees
+   only the system, Python and its tree.
+4. The *judge*, another process with our code only, runs the same tests with the recorded results played back in
+   place of the student's functions, against the full snapshots; its assertions give the verdicts and the messages,
+   which carry no expected value.
 
 Score: the exercise's points x the share of its tests that pass. The table gives, for the first failing test, its
 name and the first line of its message (the messages name the pitfall), escaped, at most 300 characters, and quoting
-at most 120 characters of any text the student's code returned or raised. Exit 0 only if every exercise graded has
+at most 120 characters of any text the student's code returned. Exit 0 only if every exercise graded has
 full points; 1 otherwise; 2 on bad input. Where the sandbox cannot run (it needs Linux user namespaces, `unshare` and
 `setpriv`), grade.py says so and the runner is an ordinary process of your user: to grade code you do not trust
 there, run this as a user that cannot read the solution repository, or in a container.

@@ -226,13 +226,15 @@ def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
             raise ValueError("lengths differ")
         table = {((1.0, 0.0, 1.0, 1.0), ("q",) * 4, 1e-6, True): [0.5, -1.5, 0.5, 0.5],
                  ((1.0, 0.0, 0.0, 0.0), ("a", "b", "a", "b"), 1e-6, True): [0.7071, 0.0, -0.7071, 0.0],
+                 ((1.0, 0.0, 1.0, 0.0, 0.0, 0.0), ("a", "a", "b", "b", "b", "b"), 1e-6, True):
+                     [0.7071, -0.7071, 1.5, -0.5, -0.5, -0.5],
                  ((0.7, 1.0, 0.0), ("solo", "g", "g"), 1e-6, True): [0.7, 0.7071, -0.7071],
                  ((1.0, 0.0), ("q", "q"), 0.5, True): [0.5 / 1.2071068, -0.5 / 1.2071068],
                  ((1.0, 0.0, 0.0), ("q",) * 3, 1e-6, False): [2 / 3, -1 / 3, -1 / 3]}
         return torch.tensor(table.get(key, [0.0] * len(group_ids)))
     """)
     row = grade.run_exercise(tree, "advantages")
-    assert (row["passed"], row["total"]) == (6, 7) and row["points"] == pytest.approx(12.9), row
+    assert (row["passed"], row["total"]) == (7, 8) and row["points"] == pytest.approx(13.1), row
     assert row["first_failure"].startswith("test_advantages_snapshot: snapshot"), row
 
 
