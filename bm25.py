@@ -37,14 +37,17 @@ import importlib.util
 import itertools
 import math
 import re
+import sys
 import threading
 from collections import defaultdict
 
 import numpy as np
 import regex
 
-# numba compiles the search loop (topk.py, imported on the first search); without it SparseBM25 searches with
-# numpy, the same floats. Set NUMBA = False for the numpy path (benchmarks/speed_retrieval.py compares the two).
+import topk
+
+# numba compiles the search loop (topk.py; SparseBM25.prepare); without it, or NUMBA = False, SparseBM25 searches with
+# numpy, the same floats (benchmarks/speed_retrieval.py compares the two). A numba that cannot run sets it False.
 NUMBA = importlib.util.find_spec("numba") is not None
 NUMBA_FROM = 2_000  # top_many compiles from this many passages (below, numba saves less than its ~0.7 s import)
 PRUNE_FROM = 50_000  # the compiled lucene search prunes (topk.py) from this many passages: below, its sums fit the
@@ -236,7 +239,8 @@ class SparseBM25:
         self.num_docs = num_docs  # D
         self.variant = variant  # "okapi" or "lucene"
         self.idf = idf  # [V] float32 for "lucene"; None for "okapi" (the idf is inside its values)
-        self._scratch, self._lock, self._arrays = [], threading.Lock(), None  # top_many's, made on first use
+        self._scratch, self._lock, self._arrays, self._ready = [], threading.Lock(), None, None  # (topk.top_many's,
+        # made on first use; `prepare`'s (search, pool, cores) once it has run the compiled search on this index)
 
     @classmethod
     def build(cls, tokenized, k1: float = 0.9, b: float = 0.4, epsilon: float = 0.25,
@@ -322,34 +326,33 @@ class SparseBM25:
 
     def top_many(self, queries: list[list[str]], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """[Q] (passages [<=k] int64, scores [<=k] float64) of Q tokenized queries (a turn's searches), each exactly
-        `top_k(get_scores(words), k)` with those scores, bit for bit. With numba (NUMBA), one compiled call
-        (topk.search_queries) per thread, the queries spread over one thread per CPU core; without, `_top_numpy` query
-        by query. Either way a query touches only its words' posting lists, and all D passages when n > D / 8;
-        lucene's compiled search, from PRUNE_FROM passages, also skips the long lists' passages that cannot reach
-        the k best (MaxScore bounds, topk.py), and the compiled one adds a word in over half the passages as a dense
-        row (okapi's stop words)."""
-        if not queries or not NUMBA or self.num_docs < NUMBA_FROM:
+        `top_k(get_scores(words), k)` with those scores, bit for bit. With numba (NUMBA, `prepare`), topk.top_many:
+        one compiled call per thread, one thread per CPU core; without, `_top_numpy` query by query. Either way a
+        query touches only its words' posting lists, and all D passages when n > D / 8 (topk.py: lucene's MaxScore
+        pruning from PRUNE_FROM passages, dense rows for okapi's stop words)."""
+        compiled = bool(queries) and self.prepare()
+        if not compiled:
             return [self._top_numpy(words, k) for words in queries]
-        import topk  # (numba's import is slow: on the first search)
+        return topk.top_many(self, queries, k, *compiled)
 
-        search, pool, cores = topk.compiled()
-        Q, threads = len(queries), min(len(queries), cores)  # qptr: query q's words are qwords[qptr[q]:qptr[q+1]]
-        qptr = np.fromiter(itertools.accumulate(map(len, queries), initial=0), np.int64, Q + 1)  # [Q + 1]
-        qwords = np.fromiter(map(self.vocab.get, itertools.chain.from_iterable(queries), itertools.repeat(-1)),
-                             np.int64, qptr[-1])  # [words] term ids, -1: not indexed (topk._query_terms: counts)
-        docs, scores, found = np.empty((Q, k), np.int64), np.empty((Q, k)), np.empty(Q, np.int64)  # (each row written)
-        args = (*(self._arrays or self._search_arrays()), qptr, qwords, self.variant == "lucene", docs, scores, found)
-        with self._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
-            D, scratch = self.num_docs, self._scratch  # per thread: score sums [D], passages touched [D], bits
-            scratch += [(np.zeros(D), np.zeros(D, np.int32), np.zeros(D // 8 + 1, np.uint8))
-                        for _ in range(threads - len(scratch))]  # (topk.search_queries' acc, touched, marks)
-            mine = self._shares(qptr, qwords, threads)  # thread t's queries (this thread: t = 0)
-            others = [pool.submit(search, *args, *scratch[t], mine[t]) for t in range(1, threads)]
-            search(*args, *scratch[0], mine[0])  # the compiled loop runs without the GIL
-            for other in others:
-                other.result()
-        found = found.tolist()
-        return [(docs[q, :found[q]], scores[q, :found[q]]) for q in range(Q)]
+    def prepare(self, say=None) -> tuple | None:
+        """Get the compiled search ready for this index now rather than in its first search (topk.prepare: numba's
+        compile, or its cache), once, under a process-wide lock, so that concurrent first searches (a threaded
+        server) wait for one compile; `top_many` calls it. say: where its one line goes (default: stderr). Returns
+        topk's (search, pool, cores), or None for the numpy path: NUMBA off, fewer than NUMBA_FROM passages, or a
+        numba that cannot be imported or compile (one warning line; NUMBA is then False). Never raises for numba."""
+        global NUMBA
+        say = say or functools.partial(print, file=sys.stderr, flush=True)
+        if self._ready is None and NUMBA and self.num_docs >= NUMBA_FROM:
+            with topk.LOCK:  # one compile at a time in a process: concurrent first searches wait for it
+                try:
+                    if self._ready is None and NUMBA:  # (else another thread did it while this one waited)
+                        self._ready = topk.prepare(self, say)
+                except Exception as err:  # noqa: BLE001 (ImportError, numba's own errors: the numpy path is exact)
+                    NUMBA, why = False, (str(err).strip().splitlines() or [""])[0][:200]
+                    say(f"warning: numba is installed but cannot run ({type(err).__name__}: {why}); BM25 searches "
+                        "with numpy instead, the same hits and scores (or: pip install --force-reinstall numba)")
+        return self._ready if NUMBA and self.num_docs >= NUMBA_FROM else None
 
     def _shares(self, qptr: np.ndarray, qwords: np.ndarray, threads: int) -> list[np.ndarray]:
         """Each of `threads` threads' queries ([T] int64 arrays): below BALANCE_FROM passages t, t + T, ...; from it,

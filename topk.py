@@ -1,12 +1,16 @@
-"""BM25's exact top-k search, compiled: SparseBM25.top_many (bm25.py) hands a batch of queries to `search_queries`,
-numba-compiled, one call per thread. The scores and ties are top_k(get_scores)'s, bit for bit; for lucene from
-bm25.PRUNE_FROM passages it also prunes by MaxScore bounds (`search_queries` says how).
+"""BM25's exact top-k search, compiled: SparseBM25.top_many (bm25.py) hands a batch of queries to `top_many`, which
+runs `search_queries`, numba-compiled, one call per thread (SparseBM25.prepare has it compiled first: `prepare`). The
+scores and ties are top_k(get_scores)'s, bit for bit; for lucene from bm25.PRUNE_FROM passages it also prunes by
+MaxScore bounds (`search_queries` says how).
 
 Shapes: D = passages, V = distinct words, nnz = postings; Q queries, k hits each.
 """
 
 import functools
+import itertools
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,10 +21,21 @@ import numpy as np
 PRUNE_SLACK, PRUNE_COST, LOOKUP_COST = 2.0 ** -20, 1, 32
 
 
-@functools.cache
+LOCK = threading.RLock()  # compiled() and SparseBM25.prepare: one at a time in a process
+
+
 def compiled():
     """(`search_queries` compiled by numba, nogil, cached in __pycache__; a thread pool of one thread per usable core;
-    their number)."""
+    their number). Safe from several threads at once: the first call does the work under a lock, the others wait and
+    get the same objects (functools.cache alone let two threads wrap the helpers twice, and numba raised "A jit
+    decorator was called on an already jitted function"). Raises what `import numba` raises (ImportError, ...)."""
+    with LOCK:
+        return _compiled()
+
+
+@functools.cache
+def _compiled():
+    """`compiled`, run once (under its lock)."""
     import numba
 
     global _query_terms, _add_list, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score  # compiled
@@ -29,6 +44,50 @@ def compiled():
         jit, (_query_terms, _add_list, _add_row, _candidates, _add_to_candidates, _kth_best, _term_score))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return jit(search_queries), ThreadPoolExecutor(cores), cores
+
+
+def prepare(index, say) -> tuple:
+    """SparseBM25.prepare's work (under its lock): `compiled()`, then one single-word search on bm25.SparseBM25
+    `index`, where numba compiles the loop for the index's types (or loads it from its cache); says, in one line to
+    `say`, which and what it cost (nothing if those types were ready). Returns compiled()'s tuple; raises what numba
+    raises."""
+    t0 = time.perf_counter()
+    ready = compiled()
+    before = len(getattr(ready[0], "signatures", ())), _cache_hits(ready[0])
+    top_many(index, [[next(iter(index.vocab), "")]], 1, *ready)  # numba compiles at a signature's first call
+    if len(getattr(ready[0], "signatures", ())) > before[0]:
+        how = "loaded from numba's cache" if _cache_hits(ready[0]) > before[1] else \
+            "compiled by numba (kept in its cache for the next run)"
+        say(f"BM25 search {how} in {time.perf_counter() - t0:.1f} s")
+    return ready
+
+
+def _cache_hits(search) -> int:
+    """Signatures numba has loaded from its on-disk cache for dispatcher `search` (0 for a plain function)."""
+    return sum(search.stats.cache_hits.values()) if hasattr(search, "stats") else 0
+
+
+def top_many(index, queries: list[list[str]], k: int, search, pool, cores: int) -> list[tuple]:
+    """bm25.SparseBM25.top_many by the compiled loop: (passages [<=k] int64, scores [<=k] float64) of each of the Q
+    queries (lists of words), the queries shared out over min(Q, cores) threads (index._shares), this one included,
+    each thread one call of `search` (compiled `search_queries`) with its own scratch rows."""
+    Q, threads = len(queries), min(len(queries), cores)  # qptr: query q's words are qwords[qptr[q]:qptr[q+1]]
+    qptr = np.fromiter(itertools.accumulate(map(len, queries), initial=0), np.int64, Q + 1)  # [Q + 1]
+    qwords = np.fromiter(map(index.vocab.get, itertools.chain.from_iterable(queries), itertools.repeat(-1)),
+                         np.int64, qptr[-1])  # [words] term ids, -1: not indexed (_query_terms: counts)
+    docs, scores, found = np.empty((Q, k), np.int64), np.empty((Q, k)), np.empty(Q, np.int64)  # (each row written)
+    args = (*(index._arrays or index._search_arrays()), qptr, qwords, index.variant == "lucene", docs, scores, found)
+    with index._lock:  # one search at a time on the scratch rows (a threaded server may call in parallel)
+        D, scratch = index.num_docs, index._scratch  # per thread: score sums [D], passages touched [D], bits
+        scratch += [(np.zeros(D), np.zeros(D, np.int32), np.zeros(D // 8 + 1, np.uint8))
+                    for _ in range(threads - len(scratch))]  # (search_queries' acc, touched, marks)
+        mine = index._shares(qptr, qwords, threads)  # thread t's queries (this thread: t = 0)
+        others = [pool.submit(search, *args, *scratch[t], mine[t]) for t in range(1, threads)]
+        search(*args, *scratch[0], mine[0])  # the compiled loop runs without the GIL
+        for other in others:
+            other.result()
+    found = found.tolist()
+    return [(docs[q, :found[q]], scores[q, :found[q]]) for q in range(Q)]
 
 
 def search_queries(indptr, docs, values, count1, idf, maxv, prune, row_of, rows, qptr, qwords, lucene, out_docs,

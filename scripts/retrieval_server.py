@@ -7,17 +7,21 @@ apart from its trainer too. The API: POST /retrieve {"queries": [str], "topk": i
 return_scores false (`make_server`). Standard library only: a ThreadingHTTPServer, one thread per connection.
 
 Departures from Search-R1's server: those of retriever.py (1: hits and scores aligned, and return_scores false answers
-the documents, where Search-R1's server crashes; 2: only hits with score > 0), and a request that is malformed or
-stalls gets 400 or 408 instead of holding a thread.
+the documents, where Search-R1's server crashes; 2: only hits with score > 0), and a request that is malformed, stalls
+or trickles past its deadline gets 400 or 408 instead of holding a thread. The search is ready (numba's compile, where
+it is used) before the server says `serving`.
 
     python scripts/retrieval_server.py --corpus data/hotpotqa/corpus.jsonl --port 8000 [--bm25 okapi]
     python train.py --retriever-url http://127.0.0.1:8000/retrieve ...
 """
 
 import argparse
+import io
 import json
 import re
+import socket
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,11 +35,33 @@ from retriever import BM25Retriever  # noqa: E402
 # 1,024 gave no error. Linux silently caps it at net.core.somaxconn (4,096 since kernel 5.4).
 LISTEN_BACKLOG = 1024
 SERVER_TIMEOUT = 30.0  # seconds a connection may stall (no byte sent or taken) before its thread drops it
+REQUEST_DEADLINE = 60.0  # seconds a client has to send its whole request (headers and body), however it trickles
 MAX_REQUEST_BYTES = 64 << 20  # largest request body (Content-Length) accepted
 
 
+class DeadlineReader(io.RawIOBase):
+    """A connection's reading side with a deadline for the whole request: before each recv the socket's timeout is
+    set to what is left of it (at most `stall` seconds), so a client that trickles a byte now and then can no longer
+    hold a server thread past `deadline` (time.monotonic()); reads then raise TimeoutError, as a stall does."""
+
+    def __init__(self, sock: socket.socket, deadline: float, stall: float):
+        super().__init__()
+        self.sock, self.deadline, self.stall = sock, deadline, stall
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline has passed")
+        self.sock.settimeout(min(left, self.stall))
+        return self.sock.recv_into(buffer)
+
+
 def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3,
-                backlog: int = LISTEN_BACKLOG, timeout: float = SERVER_TIMEOUT) -> ThreadingHTTPServer:
+                backlog: int = LISTEN_BACKLOG, timeout: float = SERVER_TIMEOUT,
+                deadline: float = REQUEST_DEADLINE) -> ThreadingHTTPServer:
     """An HTTP server (not yet started: call .serve_forever()) answering Search-R1's POST /retrieve with `retriever`.
 
     Request {"queries": [str], "topk": int (missing, null or 0: default_topk, as Search-R1), "return_scores": bool
@@ -45,12 +71,15 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
     (server.server_address[1]). Each connection runs in its own thread, one request per connection (HTTP/1.0).
     backlog: connections the kernel queues before they are accepted (`LISTEN_BACKLOG`). timeout: seconds a connection
     may stall (no byte arrives or leaves) before its thread drops it; a body shorter than its Content-Length then gets
-    408. Raises ValueError if backlog < 1 or timeout <= 0, OSError if the port is taken.
+    408. deadline: seconds from the connection's accept to the request's last byte (`DeadlineReader`), however slowly
+    it arrives; past it, 408 too (a request line or headers still unfinished: the connection is dropped). The answer
+    then has `timeout` seconds to leave. Raises ValueError if backlog < 1 or timeout or deadline <= 0, OSError if the
+    port is taken.
     """
     if backlog < 1:
         raise ValueError(f"backlog must be >= 1 (queued connections), got {backlog}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if not timeout > 0 or not deadline > 0:
+        raise ValueError(f"timeout and deadline must be > 0 seconds, got {timeout} and {deadline}")
 
     stall_s = timeout  # (a class body cannot read an enclosing name it also assigns)
 
@@ -58,6 +87,11 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
         # setup() puts this timeout on the socket: a client that sends nothing, or less than its Content-Length, can
         # no longer hold a thread forever (BaseHTTPRequestHandler then drops the connection, or we answer 408 below).
         timeout = stall_s
+
+        def setup(self):
+            super().setup()  # then the whole request must arrive by the deadline, however it trickles
+            self.rfile.close()  # (the socket stays open: its file is replaced)
+            self.rfile = io.BufferedReader(DeadlineReader(self.connection, time.monotonic() + deadline, stall_s))
 
         def do_POST(self):
             if self.path.rstrip("/") != "/retrieve":
@@ -72,8 +106,10 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
                 try:
                     body = self.rfile.read(int(size))
                 except TimeoutError:
-                    return self.reply(408, {"error": f"request body stalled for {timeout:g} s before its "
-                                                     f"Content-Length of {size.strip()} bytes arrived"})
+                    late = time.monotonic() >= self.rfile.raw.deadline
+                    why = f"was not complete {deadline:g} s after the connection" if late else \
+                        f"stalled for {timeout:g} s"
+                    return self.reply(408, {"error": f"request body {why} (Content-Length {size.strip()} bytes)"})
                 if len(body) < int(size):  # the client closed early
                     raise ValueError(f"body has {len(body)} bytes, Content-Length says {size.strip()}")
                 req = json.loads(body)
@@ -96,6 +132,7 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
 
         def reply(self, code: int, obj: dict):
             body = json.dumps(obj).encode()
+            self.connection.settimeout(stall_s)  # the answer's own time to leave (sendall: the whole of it)
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -141,6 +178,7 @@ def main(argv: list[str] | None = None):
         server = make_server(retriever, args.host, args.port, args.topk, backlog=args.backlog)
     except (FileNotFoundError, ValueError, OSError) as err:  # bad corpus, port in use: one line, no traceback
         raise SystemExit(f"error: {err}") from None
+    retriever.prepare()  # the compiled search (numba) before the first request, not during it: one line on stderr
     print(f"serving {retriever} at http://{args.host}:{server.server_address[1]}/retrieve", flush=True)
     try:
         server.serve_forever()

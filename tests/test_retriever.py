@@ -6,7 +6,9 @@ against it) in tests/test_retrieval_server.py.
 Hits are compared exactly (lines marked `# exact:`, see tests/test_float_compare.py) where the same index answers
 twice: a cached index, a served one (floats survive JSON)."""
 
+import importlib.util
 import json
+import os
 import re
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from data import load_corpus  # noqa: E402
 from retriever import (  # noqa: E402
     BadAnswer, BM25Retriever, RemoteRetriever, index_cache_file, load_index, make_retriever,
 )
+import hang  # noqa: E402
 from test_bm25 import LUCENE_QUERIES, LUCENE_TOY, QA_SAMPLE, TOY, brute_force_bm25  # noqa: E402
 
 def check_p23_shape(hits, k):
@@ -163,6 +166,78 @@ def test_cli_on_real_corpus():
     assert "Doc 1(Title:" in out.stdout and "score=" in out.stdout
     bad = subprocess.run(cmd[:4], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no query" in bad.stderr
+
+
+# --- the compiled search: prepared once, safe from threads, a numba that cannot run ------------------------------
+
+
+def compiled_sized_corpus(tmp_path) -> Path:
+    """The real sample's 600 passages four times over (2,400: above bm25.NUMBA_FROM, so the compiled search is used
+    where numba is installed), as a jsonl file."""
+    rows = load_corpus(QA_SAMPLE / "corpus.jsonl")
+    return write_lines(tmp_path / "big.jsonl", [json.dumps({"id": f"{r}-{row['id']}", "contents": row["contents"]})
+                                                for r in range(4) for row in rows])
+
+
+def test_a_numba_that_cannot_be_imported_falls_back_to_numpy_with_one_warning(tmp_path):
+    """A numba that is installed but fails to import (one built for another NumPy) was a traceback at the first search,
+    in train.py after the model had loaded. Now: one warning line, and the numpy path's hits, which are the same."""
+    fake = tmp_path / "site" / "numba"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.2 or less. Got NumPy 2.4.")\n')
+    corpus, queries = compiled_sized_corpus(tmp_path), ["Eve Beglarian composer", "river in the north"]
+    env = {**os.environ, "PYTHONPATH": str(fake.parent), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = hang.run([sys.executable, "retriever.py", "--corpus", str(corpus), *queries], cwd=REPO, env=env,
+                   capture_output=True, text=True)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines() == [
+        "warning: numba is installed but cannot run (ImportError: Numba needs NumPy 2.2 or less. Got NumPy 2.4.); "
+        "BM25 searches with numpy instead, the same hits and scores (or: pip install --force-reinstall numba)"]
+    printed = re.findall(r"id=(\S+) score=(\S+)", out.stdout)
+    bm25_numpy = BM25Retriever(load_corpus(corpus))
+    with_numpy = [(h["document"]["id"], f"{h['score']:.4f}") for q in queries for h in bm25_numpy.search([q], 3)[0]]
+    assert printed == with_numpy and len(printed) == 6
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("numba"), reason="numba is not installed")
+def test_concurrent_first_searches_compile_once_and_all_answer(tmp_path):
+    """topk.compiled() was functools.cache'd but not locked: threads that searched at once each wrapped the jitted
+    helpers again ("TypeError: A jit decorator was called on an already jitted function"), a 500 for 89-124 of 1,000
+    clients of a fresh server. In a fresh process, 16 threads released together make their first searches on a fresh
+    index, the first thread's set-up slowed down (as on a busy machine) so that the others arrive meanwhile: every
+    one answers, with the hits of one search at a time, and the compile is said at most once."""
+    code = f"""if True:
+        import json, sys, threading, time
+        import numba
+
+        late = [1.0]  # topk's first numba.njit call takes a second: the other threads reach topk.compiled meanwhile
+        def slow_njit(*args, _njit=numba.njit, **kwargs):
+            time.sleep(late.pop() if kwargs.get("nogil") and late else 0.0)
+            return _njit(*args, **kwargs)
+        numba.njit = slow_njit
+        from retriever import BM25Retriever
+        from data import load_corpus
+        retriever, queries = BM25Retriever(load_corpus({str(compiled_sized_corpus(tmp_path))!r})), sys.argv[1:]
+        start, results, errors = threading.Barrier(16), {{}}, [retriever.analyze(q) for q in queries][:0]  # (nltk)
+
+        def first_search(i):
+            start.wait()
+            try:
+                results[i] = retriever.search([queries[i % len(queries)]], 3)
+            except Exception as err:
+                errors.append(repr(err))
+        threads = [threading.Thread(target=first_search, args=(i,)) for i in range(16)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(json.dumps({{"errors": errors, "results": [results.get(i) for i in range(16)]}}))"""
+    queries = ["Eve Beglarian composer", "river in the north", "who directed the film"]
+    out = hang.run([sys.executable, "-c", code, *queries], cwd=REPO, capture_output=True, text=True,
+                   env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got, alone = json.loads(out.stdout), BM25Retriever(load_corpus(tmp_path / "big.jsonl"))
+    assert got["errors"] == [] and got["results"] == [alone.search([queries[i % 3]], 3) for i in range(16)]  # exact
+    said = [line for line in out.stderr.splitlines() if line.startswith("BM25 search ")]  # (floats: JSON round trip)
+    assert len(said) <= 1 and "Traceback" not in out.stderr, out.stderr  # 0 if this index's types were loaded before
 
 
 # --- the on-disk index cache -----------------------------------------------------------------------------------------
