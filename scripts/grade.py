@@ -12,8 +12,8 @@ Only what the student wrote is graded, and no student code runs where a verdict 
    function is blank except those the exercise uses (`"uses"` in make_assignment.EXERCISES: our reference).
 2. The *plan*: our tests run on our code in a tree of our own, and every call a test makes to an exercise function
    is written down with its inputs only (scripts/grade_plugin.py).
-3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1 (no path to
-   this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls on the
+3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1
+   (no path to this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls on the
    student's functions and records what each returned or raised (an exception: its type only). No test runs there and
    no expected value exists there; its output is not read. On Linux it runs in a sandbox (SANDBOX below) that sees
    only the system, Python and its tree.
@@ -24,9 +24,10 @@ Only what the student wrote is graded, and no student code runs where a verdict 
 Score: the exercise's points x the share of its tests that pass. The table gives, for the first failing test, its
 name and the first line of its message (the messages name the pitfall), escaped, at most 300 characters, and quoting
 at most 120 characters of any text the student's code returned. Exit 0 only if every exercise graded has
-full points; 1 otherwise; 2 on bad input. Where the sandbox cannot run (it needs Linux user namespaces, `unshare` and
-`setpriv`), grade.py says so and the runner is an ordinary process of your user: to grade code you do not trust
-there, run this as a user that cannot read the solution repository, or in a container.
+full points; 1 otherwise; 2 on bad input. Where the sandbox cannot run (it needs Linux user namespaces, `unshare`,
+`setpriv` and `prlimit`), grade.py refuses to grade unless given --allow-unsandboxed, and then the runner is an
+ordinary process of your user and the table says so: for code you trust only (or run this as a user that cannot read
+the solution repository, or in a container).
 """
 
 import argparse
@@ -225,28 +226,39 @@ def _functions(exercises) -> list:
     return [[file.removesuffix(".py"), name] for ex in exercises for file, name in EXERCISES[ex]["functions"]]
 
 
-# The runner's sandbox (Linux, util-linux's unshare and setpriv, no root needed): new user, mount, PID and network
-# namespaces; a root of its own holding the system and Python read-only and the tree at /tree, nothing else (not this
-# repository, not the other trees, not the grader's processes); every capability dropped before Python starts, so it
-# cannot remount anything writable; and every process it starts dies with it.
+# The runner's sandbox (Linux, util-linux's unshare, setpriv and prlimit, no root needed): new user, mount, PID and
+# network namespaces; a root of its own (a 16 MiB tmpfs) holding the system and Python and the tree at /tree, all
+# read-only, every mount below them included (a bind is not read-only below its top: each submount is remounted
+# read-only, or taken away where it cannot be), nothing else (not this repository, not the other trees, not the
+# grader's processes); a /tmp of TMPSIZE; limits on its address space, CPU time, file size and processes (LIMITS);
+# every capability dropped before Python starts, so it cannot remount anything writable; and every process it starts
+# dies with it. The record goes out through an inherited file descriptor (3), under the file-size limit.
 SANDBOX = r"""set -e
 NEW=$1; TREE=$2; shift 2
-mount -t tmpfs -o mode=755 tmpfs "$NEW"
+mount -t tmpfs -o mode=755,size=16m tmpfs "$NEW"
 for p in /usr /etc "$BASE" "$PREFIX" /bin /lib /lib64 /sbin; do
     if [ -L "$p" ]; then [ -e "$NEW$p" ] || ln -s "$(readlink "$p")" "$NEW$p"
-    elif [ -d "$p" ]; then mkdir -p "$NEW$p"; mount --rbind "$p" "$NEW$p"; mount -o remount,bind,ro "$NEW$p"; fi
+    elif [ -d "$p" ]; then mkdir -p "$NEW$p"; mount --rbind "$p" "$NEW$p"; fi
 done
 mkdir -p "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/tmp" "$NEW/.old"
 for d in null zero random urandom; do touch "$NEW/dev/$d"; mount --bind "/dev/$d" "$NEW/dev/$d"; done
 mount --bind "$TREE" "$NEW/tree"
+awk -v root="$NEW/" 'index($5, root) == 1 {print $5, $6}' /proc/self/mountinfo | sort -r | while read -r m opts; do
+    case "$m" in "$NEW/dev/"*) continue;; esac
+    keep=$(echo "$opts" | tr , '\n' | grep -E '^(nosuid|nodev|noexec)$' | tr '\n' , || true)
+    mount -o "remount,bind,ro,${keep}" "$m" 2>/dev/null || umount -l "$m"
+done
+mount -t tmpfs -o "size=$TMPSIZE,mode=1777" tmpfs "$NEW/tmp"
 mount -t proc proc "$NEW/proc"
 cd "$NEW"
 pivot_root . .old
 umount -l /.old
 rmdir /.old
 cd /tree
-exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs "$@"
+exec prlimit --as="$AS" --cpu="$CPU" --fsize="$FSIZE" --nproc="$NPROC" --core=0 -- \
+    setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs "$@"
 """
+LIMITS = {"AS": 4 << 30, "FSIZE": 64 << 20, "NPROC": 64, "TMPSIZE": "64m"}  # bytes, bytes, processes and threads
 UNSHARE = ["unshare", "--map-user=1000", "--map-group=1000", "--keep-caps", "--mount", "--pid", "--fork",
            "--kill-child", "--net", "--propagation", "private"]
 
@@ -260,7 +272,7 @@ def sandbox_works() -> bool:
                 (Path(tmp) / "root").mkdir()
                 out = subprocess.run(UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", f"{tmp}/root", f"{tmp}/tree",
                                                 sys.executable, "-c", "print('ok')"],
-                                     capture_output=True, text=True, timeout=60, env=_base_env())
+                                     capture_output=True, text=True, timeout=60, env=_base_env(60))
                 _SANDBOX_OK["ok"] = out.returncode == 0 and out.stdout.strip() == "ok"
         except (OSError, subprocess.SubprocessError):
             _SANDBOX_OK["ok"] = False
@@ -270,34 +282,39 @@ def sandbox_works() -> bool:
 _SANDBOX_OK: dict = {}
 
 
-def _base_env() -> dict:
-    return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "BASE": sys.base_prefix, "PREFIX": sys.prefix}
+def _base_env(cpu_s: float) -> dict:
+    return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "BASE": sys.base_prefix, "PREFIX": sys.prefix,
+            "CPU": str(max(1, int(cpu_s))), **{k: str(v) for k, v in LIMITS.items()}}
 
 
 def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bool) -> tuple[int | None, str]:
     """`python [-O] ARGS` in `tree` with grading.json = config, a clean environment, its own session (killed whole at
-    the time limit); the runner (-O) in the sandbox where there is one. Returns (exit code or None on timeout, its
-    output's tail: shown to nobody but our own tests)."""
-    (tree / "grading.json").write_text(json.dumps(config))
+    the time limit), its output to a file beside the tree; the runner (-O) in the sandbox where there is one, its
+    record written to an inherited file descriptor (config["record_fd"]; tree/record.jsonl here). Returns (exit code or
+    None on timeout, its output's tail: shown to nobody but our own tests)."""
     marker = secrets.token_hex(8)
     sandboxed = runner and sandbox_works()
     where = Path("/tree") if sandboxed else tree
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(where), "TMPDIR": str(where), "PYTHONPATH": str(where / "tests"),
+    scratch = Path("/tmp") if sandboxed else tree
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": str(where / "tests"),
            "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GRADE_RUN": marker}
     cmd = [sys.executable, *(["-O"] if runner else []), *args]
     if sandboxed:
         (tree.parent / f"{tree.name}_root").mkdir()
         cmd = UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd
-        env.update(_base_env(), PATH="/usr/bin:/bin:/usr/sbin:/sbin")
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        code, tail = proc.returncode, out.decode(errors="replace")[-3000:]
-    except subprocess.TimeoutExpired:
-        code, tail = None, ""
-    _kill_leftovers(proc, marker)
+        env.update(_base_env(timeout), PATH="/usr/bin:/bin:/usr/sbin:/sbin")
+    with open(tree / "record.jsonl", "ab") as record, open(tree.parent / f"{tree.name}.out", "w+b") as out:
+        (tree / "grading.json").write_text(json.dumps({**config, "record_fd": record.fileno()}))
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                pass_fds=(record.fileno(),) if runner else (), start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        _kill_leftovers(proc, marker)
+        out.seek(max(0, out.seek(0, os.SEEK_END) - 3000))
+        tail = out.read().decode(errors="replace") if code is not None else ""
     return code, tail
 
 
@@ -358,7 +375,7 @@ def run_student(student: Path, exercise: str, tmp: Path, timeout: float, calls: 
     (tree / "plan.json").write_text(json.dumps(calls))
     names = sorted({c["name"] for test in calls.values() for c in test})
     config = {"mode": "run", "functions": [n.split(".", 1) for n in names] or _functions([exercise]),
-              "plan": "plan.json", "record": "record.jsonl"}
+              "plan": "plan.json"}
     code, _ = _spawn(tree, ["tests/_grading.py"], config, timeout, runner=True)
     recorded = {}
     record = tree / "record.jsonl"
@@ -435,14 +452,17 @@ def sanitize(message: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def table(rows: list[dict]) -> str:
-    """The points table, one row per exercise and a total."""
+def table(rows: list[dict], sandboxed: bool = True) -> str:
+    """The points table, one row per exercise and a total; a last line when the runner had no sandbox."""
     out = [f"{'exercise':11s} {'tests':>7s} {'points':>11s}  first failure", "-" * 100]
     for r in rows:
         out.append(f"{r['exercise']:11s} {r['passed']:>3d}/{r['total']:<3d} {r['points']:>5.1f}/{r['max']:<5d}  "
                    f"{r['first_failure']}")
     got, most = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
     out.append(f"{'total':11s} {'':7s} {got:>5.1f}/{most:<5d}")
+    if not sandboxed:
+        out.append("UNSANDBOXED (--allow-unsandboxed): the student's code ran as the grader's user; these points hold "
+                   "only for code you trust")
     return "\n".join(out)
 
 
@@ -453,6 +473,9 @@ def main(argv=None) -> int:
                     help="exercises to grade (default: all): " + " ".join(EXERCISES))
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed to one exercise's tests")
     ap.add_argument("--jobs", type=int, default=2, help="exercises whose runners run at once")
+    ap.add_argument("--allow-unsandboxed", action="store_true",
+                    help="grade where the sandbox cannot run (the student's code runs as you: only for code you trust;"
+                         "\nthe table says so)")
     args = ap.parse_args(argv)
     if not 0 < args.timeout < float("inf"):  # 0 or less: every exercise would "time out" and score 0
         ap.error(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
@@ -471,11 +494,14 @@ def main(argv=None) -> int:
         return 2
     t0 = time.time()
     print(f"grading {' '.join(args.exercises)} ...", flush=True)
-    if not sandbox_works():
-        print("warning: no sandbox here (it needs Linux user namespaces, unshare and setpriv): the student's code runs "
-              "as you and can read what you can; grade code you do not trust elsewhere", file=sys.stderr)
+    sandboxed = sandbox_works()
+    if not sandboxed and not args.allow_unsandboxed:
+        print("error: no sandbox here (it needs Linux user namespaces, unshare, setpriv and prlimit): the student's "
+              "code would run as you and read what you can; grade elsewhere, or pass --allow-unsandboxed for code you "
+              "trust (the table says so)", file=sys.stderr)
+        return 2
     rows = grade(args.dir.resolve(), args.exercises, args.timeout, args.jobs)
-    print(table(rows))
+    print(table(rows, sandboxed))
     print(f"graded {args.dir} in {time.time() - t0:.0f} s")
     return 0 if all(r["points"] == r["max"] for r in rows) else 1
 

@@ -264,6 +264,7 @@ def run_plan():
         setattr(owner, attr, _recorder(qualified, getattr(owner, attr), method))
         targets[qualified] = (owner, attr)
     plan = json.loads(Path(CONFIG["plan"]).read_text(encoding="utf-8"))
+    record = os.fdopen(CONFIG["record_fd"], "a", encoding="utf-8")  # the grader's file: the tree is read-only
     for test, calls in plan.items():
         _calls.clear()
         for call in calls:
@@ -276,8 +277,8 @@ def run_plan():
                 getattr(owner, attr)(*args, **kwargs)
             except Exception:
                 pass  # recorded
-        with open(CONFIG["record"], "a", encoding="utf-8") as f:
-            f.write(json.dumps({"test": test, "calls": list(_calls)}) + "\n")
+        record.write(json.dumps({"test": test, "calls": list(_calls)}) + "\n")
+        record.flush()
 
 
 def _replayer(name, method):

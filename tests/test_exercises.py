@@ -373,7 +373,8 @@ def test_llds_hand_computed_action_gate():
     want = torch.zeros(2, 8)
     want[0, 6] = -1 / 11
     assert close(grad(loss, logp), want), "gradient: -1/N on gated tokens with Delta > 0, 0 elsewhere"
-    assert close(m["llds/gate_rate"], 1 / 3), f"llds/gate_rate = gated actions / actions in Y_pre; got {m['llds/gate_rate']:.4f}"
+    assert close(m["llds/gate_rate"], 1 / 3), (
+        f"llds/gate_rate = gated actions / actions in Y_pre; got {m['llds/gate_rate']:.4f}")
 
 
 @ex("llds")

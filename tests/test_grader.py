@@ -282,3 +282,58 @@ def test_honest_style_and_a_byte_order_mark_grade_like_the_code_they_are(tmp_pat
     (tree / "llds.py").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     row = grade.run_exercise(tree, "gate")
     assert row["points"] == row["max"], row
+
+
+SANDBOX_PROBE = """
+import json, os, resource
+out = {n: resource.getrlimit(getattr(resource, n))[0] for n in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE",
+                                                                 "RLIMIT_NPROC")}
+for path, size in (("/tree/x", 16), ("/usr/x", 16), ("/usr/share/probe_x", 16), ("/tmp/x", 16),
+                   ("/tmp/big", 100 << 20)):
+    try:
+        with open(path, "wb") as f:
+            f.write(b"x" * size)
+        out[path] = "written"
+    except OSError as err:
+        out[path] = err.errno
+out["submount seen"] = os.path.exists("/usr/share/host_file")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox on this machine (grade.py refuses to grade here)")
+def test_the_sandbox_has_limits_and_is_read_only_below_every_bind(tmp_path):
+    """Issue 39 item 4: limits on memory, CPU time, file size and processes, a sized /tmp, and a view that is read-only
+    in every submount of what it binds: a tmpfs mounted on /usr/share in an outer namespace (as Docker mounts
+    /etc/hosts) is seen inside but not writable (the old sandbox wrote through it to the host)."""
+    import json
+    import subprocess
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "tree" / "probe.py").write_text(SANDBOX_PROBE)
+    inner = [*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"), str(tmp_path / "tree"),
+             sys.executable, "/tree/probe.py"]
+    outer = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "/bin/sh", "-c",
+             'mount -t tmpfs tmpfs /usr/share && echo host > /usr/share/host_file && exec "$@"', "outer", *inner]
+    r = subprocess.run(outer, capture_output=True, text=True, env=grade._base_env(30), timeout=300)
+    if r.returncode and "unshare" in r.stderr and not r.stdout:  # no nested namespaces here: the limits alone
+        r = subprocess.run(inner, capture_output=True, text=True, env=grade._base_env(30), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    print(got)
+    assert (got["RLIMIT_AS"], got["RLIMIT_CPU"], got["RLIMIT_FSIZE"], got["RLIMIT_NPROC"]) == (
+        grade.LIMITS["AS"], 30, grade.LIMITS["FSIZE"], grade.LIMITS["NPROC"])
+    assert got["/tree/x"] == got["/usr/x"] == 30 and got["/tmp/x"] == "written"  # 30: EROFS
+    assert got["/tmp/big"] in (27, 28)  # EFBIG (the file-size limit) or ENOSPC (the sized /tmp): never written
+    if got["submount seen"]:
+        assert got["/usr/share/probe_x"] == 30
+
+
+def test_no_sandbox_no_grade_unless_allowed_and_then_the_table_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(grade, "sandbox_works", lambda: False)
+    tree = blank_copy(tmp_path / "student")
+    assert grade.main([str(tree), "--exercises", "kl"]) == 2
+    assert "--allow-unsandboxed" in capsys.readouterr().err
+    assert grade.main([str(tree), "--exercises", "kl", "--allow-unsandboxed"]) == 1  # graded: 0 points, said
+    assert "UNSANDBOXED (--allow-unsandboxed)" in capsys.readouterr().out
