@@ -15,8 +15,8 @@ Only what the student wrote is graded, and no student code runs where a verdict 
 3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1
    (no path to this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls
    on the student's functions and records what each returned or raised (an exception: its type only). No test runs
-   there and no expected value exists there; its output is not read. On Linux it runs in a sandbox (SANDBOX below) that sees
-   only the system, Python and its tree.
+   there and no expected value exists there; its output is not read. On Linux it runs in a sandbox (SANDBOX below)
+   that sees only the system, Python and its tree, read-only, with limits.
 4. The *judge*, another process with our code only, runs the same tests with the recorded results played back in
    place of the student's functions, against the full snapshots; its assertions give the verdicts and the messages,
    which carry no expected value.
