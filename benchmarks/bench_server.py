@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import select
 import subprocess
 import sys
@@ -48,12 +49,16 @@ def titles(corpus_path: Path, n: int = 1000) -> list[str]:
     return [row["contents"].split("\n")[0].strip('"') or "the" for row in corpus[::step][:n]]
 
 
-def start_server(corpus: Path, backlog: int, engine: str, log, startup_s: float = 300.0):
-    """scripts/retrieval_server.py on a free port: (process, host, port) once it prints its URL, or SystemExit with its
-    log."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "retrieval_server.py"), "--corpus", str(corpus), "--port", "0",
-           "--backlog", str(backlog), "--engine", engine]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)  # stderr to a file: a pipe could fill
+NUMPY = ("-c", "import runpy, bm25; bm25.NUMBA = False; runpy.run_path('scripts/retrieval_server.py', "
+                "run_name='__main__')")  # the server with numba hidden: the numpy search
+
+
+def start_server(corpus: Path, backlog: int, engine: str, log, startup_s: float = 3600.0, numpy: bool = False):
+    """scripts/retrieval_server.py on a free port (numpy: with numba hidden): (process, host, port) once it prints its
+    URL, or SystemExit with its log."""
+    cmd = [sys.executable, *(NUMPY if numpy else [str(ROOT / "scripts" / "retrieval_server.py")]), "--corpus",
+           str(corpus), "--port", "0", "--backlog", str(backlog), "--engine", engine]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)  # stderr to a file: a pipe could fill
     ready, _, _ = select.select([proc.stdout], [], [], startup_s)  # the index is built before the line is printed
     line = proc.stdout.readline() if ready else ""
     if "http://" not in line:
@@ -133,6 +138,7 @@ def main():
     ap.add_argument("--topk", type=int, default=3, help="passages per query")
     ap.add_argument("--engine", default="sparse", choices=["auto", "rank_bm25", "sparse"],
                     help="the server's engine (the server's default: sparse)")
+    ap.add_argument("--numpy", action="store_true", help="hide numba from the server: its numpy search")
     args = ap.parse_args()
     for name in ("backlog", "clients"):
         if min(getattr(args, name)) < 1:
@@ -156,7 +162,11 @@ def main():
                   f"{'p99 ms':>8} | errors: " + " ".join(f"{e:>7}" for e in ERRORS))
             for backlog in args.backlog:
                 with open(Path(tmp) / f"server-{backlog}.log", "w+") as log:
-                    proc, host, port, banner = start_server(path, backlog, args.engine, log)
+                    t0 = time.perf_counter()
+                    proc, host, port, banner = start_server(path, backlog, args.engine, log, numpy=args.numpy)
+                    log.seek(0)
+                    print(f"(fresh server, backlog {backlog}: 'serving' after {time.perf_counter() - t0:.1f} s; "
+                          f"load {os.getloadavg()[0]:.1f}; {log.read().strip() or 'no compile line'})", flush=True)
                     try:
                         for clients in args.clients:
                             per_client = max(1, args.requests // clients)
