@@ -11,7 +11,10 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 TRACKERS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}  # name -> module
 
@@ -36,7 +39,9 @@ def tracker(args, rank: int = 0):
     """Context manager yielding report(metrics, step) for train.py's Args `args` (its report_to, out_dir): each call
     sends one step's metrics (pass numbers(...)) to the tracker; leaving the block closes it. report_to "off", and
     every rank but 0, get a report that does nothing. Raises SystemExit with one line (before step 1) when the package
-    is not installed or the tracker cannot start (no login, no network: W&B's WANDB_MODE=offline logs locally)."""
+    is not installed or the tracker cannot start (no login, no network: W&B's WANDB_MODE=offline logs locally). A
+    tracker that fails later (its log() or close raising: the network went away) costs one warning line on stderr, and
+    the run goes on without it: metrics.jsonl is the record."""
     if args.report_to == "off" or rank != 0:
         yield lambda metrics, step: None
         return
@@ -56,15 +61,30 @@ def tracker(args, rank: int = 0):
     except Exception as err:  # noqa: BLE001 (the tracker's own errors: a bad folder, no login, no network)
         raise SystemExit(f"error: --report-to {args.report_to} could not start: {err}") from None
 
+    failed = []  # the tracker's first error, once it has failed: the run goes on without it
+
+    def gone(err: Exception, what: str):  # one warning line: metrics.jsonl is the record, the tracker is for watching
+        failed.append(err)
+        tqdm.write(f"warning: --report-to {args.report_to}: {what} failed ({type(err).__name__}: {err}); the run goes "
+                   f"on without the tracker (every step is in {out / 'metrics.jsonl'})", file=sys.stderr)  # (the bar)
+
     def report(metrics: dict, step: int):
-        if args.report_to == "tensorboard":
-            for k, v in metrics.items():
-                writer.add_scalar(k, v, step)
-            writer.flush()  # every step on disk, for a live TensorBoard
-        else:
-            mod.log(metrics, step=step)
+        if failed:
+            return
+        try:
+            if args.report_to == "tensorboard":
+                for k, v in metrics.items():
+                    writer.add_scalar(k, v, step)
+                writer.flush()  # every step on disk, for a live TensorBoard
+            else:
+                mod.log(metrics, step=step)
+        except Exception as err:  # noqa: BLE001 (the tracker's own: no network, a full disk, its server gone)
+            gone(err, f"sending step {step}'s metrics")
 
     try:
         yield report
     finally:
-        writer.close() if args.report_to == "tensorboard" else mod.finish()
+        try:
+            writer.close() if args.report_to == "tensorboard" else mod.finish()
+        except Exception as err:  # noqa: BLE001
+            failed or gone(err, "closing it")

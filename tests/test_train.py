@@ -555,6 +555,32 @@ def test_report_to_sends_each_steps_metrics_and_a_resumed_run_continues_the_same
         assert sent["rollout/reward"] == pytest.approx(h["rollout/reward"]) and "alarm/phase" not in sent
 
 
+def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_goes_on(files, monkeypatch, capsys):
+    """A wandb whose log() raised ConnectionError at step 2 ended the run; metrics.jsonl is the record and the tracker
+    only for watching, so now it is one warning line, the tracker is left alone, and every step is trained and
+    written."""
+    import importlib.machinery
+    import types
+
+    calls = []
+
+    def log(metrics, step):
+        calls.append(step)
+        if step >= 2:
+            raise ConnectionError("api.wandb.ai: connection reset")
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake.init, fake.log, fake.finish = (lambda **kw: None), log, (lambda: calls.append("finish"))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = files["dir"] / "tracker_fails"
+    history = train_in_process(files, out, "--steps", "3", "--report-to", "wandb")
+    assert [h["step"] for h in history] == [1, 2, 3] and calls == [1, 2, "finish"]
+    warnings = [line[line.index("warning:"):] for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warnings == [f"warning: --report-to wandb: sending step 2's metrics failed (ConnectionError: api.wandb.ai: "
+                        f"connection reset); the run goes on without the tracker (every step is in "
+                        f"{out.resolve() / 'metrics.jsonl'})"]
+
+
 def test_report_to_a_tracker_that_is_not_installed_is_one_line():
     out = subprocess.run([sys.executable, "train.py", "--report-to", "trackio"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
