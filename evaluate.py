@@ -18,8 +18,9 @@ questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them
 Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
 (--out, default <model folder>/eval.json; RUN/eval_step_N.json for a RUN/checkpoints/step_N folder, which the run's next
 save may delete; ./eval.json for a hub id) and the records to the .jsonl beside it (eval.jsonl). While it runs, the
-records go to eval.jsonl.partial as they are produced, so an evaluation that stops early keeps what it scored; both
-files are in place only once it is complete. --out is checked before anything is read or written: never an input file
+records go to eval.jsonl.partial as they are produced (eval.jsonl.partial.new if an evaluation that stopped left
+its records there: those stay until the new one is complete), so an evaluation that stops early keeps what it scored;
+both files are in place only once it is complete. --out is checked before anything is read or written: never an input file
 (--data, --corpus, the model's files), never inside a checkpoint folder, and an earlier evaluation is replaced only
 with --overwrite (and kept until the new one is complete).
 """
@@ -188,10 +189,6 @@ def table_lines(table: dict, topk: int = 3) -> list[str]:
     return lines
 
 
-
-
-
-
 def compare_lines(table: dict, which: str = "") -> list[str]:
     """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if ""), in the paper's
     column order. Our Gen / MH / Avg are means over the paper's sources we ran; a '*' marks one that misses some of
@@ -257,8 +254,11 @@ def output_problem(out: Path, records: Path, partial: Path, args) -> str | None:
             if flag == "--model" and Path(name).is_dir():  # its weights, tokenizer, config, a run's args.json, ...
                 files = [f for f in Path(name).iterdir() if f.is_file() and not earlier_evaluation(f)]
             inputs |= {f.resolve(): f"the {flag} file {f}" for f in files}
-    earlier = []
-    for path in (out, records, partial):
+    earlier, stopped = [], [p for p in (partial, writing_to(partial)) if p.exists()]
+    if len(stopped) == 2:  # (each was checked below: records of ours)
+        return (f"--out {out}: two stopped evaluations left their records ({', '.join(map(str, stopped))}); keep the "
+                f"one you need as {partial} and delete the other")
+    for path in (out, records, partial, writing_to(partial)):
         name = f"--out {out}" + ("" if path == out else f": its records file {path}")
         if path.resolve() in inputs:
             return f"{name} is {inputs[path.resolve()]}: evaluate.py never writes over its inputs; choose another --out"
@@ -277,6 +277,12 @@ def output_problem(out: Path, records: Path, partial: Path, args) -> str | None:
                 "once the new one is complete, or choose another --out")
     problem = folder_problem(out.parent)
     return f"--out {out}: cannot write there ({problem})" if problem else None
+
+
+def writing_to(partial: Path) -> Path:
+    """Where a new evaluation writes its records as they come: `partial`, or beside it when an earlier evaluation that
+    stopped left its records there (kept until the new one is complete: --overwrite never loses them before)."""
+    return partial.with_name(partial.name + ".new") if partial.exists() else partial
 
 
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
@@ -304,7 +310,9 @@ def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, record
 
 def main(argv=None):
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-        pass  # keep the docstring's layout and show every default
+        def _get_help_string(self, action):  # the docstring's layout, and every default there is (not "None", "")
+            unset = action.required or action.default in (None, "", [])
+            return action.help if unset else super()._get_help_string(action)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
     ap.add_argument("--model", required=True, help="checkpoint folder, hub id or .gguf file")
@@ -353,6 +361,7 @@ def main(argv=None):
     partial = records_file.with_name(records_file.name + ".partial")  # the records while they are produced
     if problem := output_problem(out, records_file, partial, args):  # before anything is read or written
         raise SystemExit(f"error: {problem}")
+    writing = writing_to(partial)  # partial, unless a stopped evaluation's records are there: then beside them
 
     try:  # bad input: one clear line naming the file/line/field
         if not args.data and not args.benchmarks:
@@ -367,7 +376,7 @@ def main(argv=None):
             print(note)
         try:  # the inputs are checked: the first write, before any question is scored
             out.parent.mkdir(parents=True, exist_ok=True)
-            records_out = open(partial, "w", encoding="utf-8")
+            records_out = open(writing, "x", encoding="utf-8")
         except OSError as err:
             why = f"{err.filename} is not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
                 else f"{err.strerror}: {err.filename}"
@@ -380,7 +389,7 @@ def main(argv=None):
         evaluate_rows(rows, args, model, tokenizer, retriever, records, records_out, bar)
     except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
         bar.close()  # the line below starts a line of its own
-        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {partial}") from None
+        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {writing}") from None
     bar.close()
     records_out.close()
 
@@ -402,10 +411,11 @@ def main(argv=None):
         atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
                                       "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
                                       "scores": table, "records": records}, indent=1))  # never half a JSON file
-        os.replace(partial, records_file)
+        os.replace(writing, records_file)
+        partial.unlink(missing_ok=True)  # a stopped evaluation's records, kept until now
     except OSError as err:
         raise SystemExit(f"error: cannot write {out} and {records_file} ({err.strerror or err}); the records are in "
-                         f"{partial}") from None
+                         f"{writing}") from None
     print(f"wrote {out} (records also in {records_file})")
 
 

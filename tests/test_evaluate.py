@@ -349,3 +349,49 @@ def test_an_earlier_evaluation_needs_overwrite_and_stays_until_the_new_one_is_co
     E.main(argv[:-2] + ["--limit", "2", "--out", str(out), "--overwrite"])  # complete: both files replaced at once
     assert json.loads(out.read_text())["limit"] == 2 and len(records.read_text().splitlines()) == 2
     assert not Path(f"{records}.partial").exists()
+
+
+def test_overwrite_keeps_a_stopped_evaluations_records_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    """--overwrite emptied a killed evaluation's eval.jsonl.partial at the start (8 scored records -> 0 bytes before
+    the new run had scored anything), where its refusal line and --help promise the old files stay until the new one is
+    complete. Now the new records go beside them (.partial.new); a second stopped run is one line, not a loss."""
+    model, q, corpus = tiny_eval_files(tmp_path)
+    out, records = tmp_path / "eval.json", tmp_path / "eval.jsonl"
+    partial, new = Path(f"{records}.partial"), Path(f"{records}.partial.new")
+    argv = ["--model", model, "--data", q, "--corpus", corpus, *TINY_EVAL, "--out", str(out)]
+    calls, real = [0], E.rollout
+
+    def fail_at(n):
+        def rollout(*a, **kw):  # the retrieval server stops answering in batch n
+            calls[0] += 1
+            if calls[0] == n:
+                raise ConnectionError("retriever at http://x/retrieve failed after 3 tries")
+            return real(*a, **kw)
+        calls[0] = 0
+        monkeypatch.setattr(E, "rollout", rollout)
+
+    fail_at(2)
+    with pytest.raises(SystemExit, match=re.escape(f"The 2 questions scored so far are in {partial}")):
+        E.main(argv)
+    kept = partial.read_bytes()
+    fail_at(1)  # the new run stops before it has scored anything
+    with pytest.raises(SystemExit, match=re.escape(f"The 0 questions scored so far are in {new}")):
+        E.main([*argv, "--overwrite"])
+    assert partial.read_bytes() == kept and len(kept.splitlines()) == 2  # exact: the same bytes
+    with pytest.raises(SystemExit, match=re.escape(f"error: --out {out}: two stopped evaluations left their records "
+                                                   f"({partial}, {new}); keep the one you need as {partial}")):
+        E.main([*argv, "--overwrite"])
+    assert partial.read_bytes() == kept  # exact: untouched
+    new.unlink()
+    monkeypatch.undo()
+    E.main([*argv, "--overwrite"])  # complete: the records in place, the stopped run's gone only now
+    assert len(records.read_text().splitlines()) == 3 and not partial.exists() and not new.exists()
+
+
+def test_help_shows_only_defaults_there_are(capsys):
+    """--help said "(default: None)" on the required --model and "(default: )" on --benchmarks and --retriever-url."""
+    with pytest.raises(SystemExit):
+        E.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: )" not in text and "(default: [])" not in text
+    assert "questions per rollout batch (default: 32)" in text  # the others keep theirs
