@@ -19,10 +19,10 @@ Prints a table (one row per data_source, then the averages) and writes the per-q
 (--out, default <model folder>/eval.json; RUN/eval_step_N.json for a RUN/checkpoints/step_N folder, which the run's next
 save may delete; ./eval.json for a hub id) and the records to the .jsonl beside it (eval.jsonl). While it runs, the
 records go to eval.jsonl.partial as they are produced (eval.jsonl.partial.new if an evaluation that stopped left
-its records there: those stay until the new one is complete), so an evaluation that stops early keeps what it scored;
-both files are in place only once it is complete. --out is checked before anything is read or written: never an input file
-(--data, --corpus, the model's files), never inside a checkpoint folder, and an earlier evaluation is replaced only
-with --overwrite (and kept until the new one is complete).
+its records there: those stay until the new one is complete), so an evaluation that stops early keeps what it
+scored; both files are in place only once it is complete. --out is checked before anything is read or written: never
+an input file (--data, --corpus, the model's files), never inside a checkpoint folder, and an earlier evaluation is
+replaced only with --overwrite (and kept until the new one is complete).
 """
 
 import argparse
