@@ -239,8 +239,9 @@ def autocast(amp: str, device: str, dtype: str = "auto", fsdp: bool = False):
     amp: "bf16" (on; also on a CPU with bf16 units, AVX512-BF16 or AMX: ~1.6x faster forward+backward; decoding few
     rows was ~2x faster on one CPU, 1.3-1.8x slower on an AVX512-BF16 CPU without AMX: docs/scaling.md; slower
     everywhere without bf16 units) | "auto" (on for one GPU with fp32 weights, dtype "auto"; FSDP has its own mixed
-    precision) | "off". Enter it afresh for each pass: autocast's cache of bf16 weight copies is only dropped on exit, so one
-    context around an optimizer step would keep computing with the old weights (the update asks for cache=False)."""
+    precision) | "off". Enter it afresh for each pass: autocast's cache of bf16 weight copies is only dropped on exit,
+    so one context around an optimizer step would keep computing with the old weights (the update asks for
+    cache=False)."""
     on = amp == "bf16" or (amp == "auto" and device.startswith("cuda") and dtype == "auto" and not fsdp)
     return lambda cache=True: torch.autocast(device.split(":")[0], torch.bfloat16, cache_enabled=cache) if on \
         else contextlib.nullcontext()
