@@ -110,6 +110,31 @@ def folder_problem(path) -> str | None:
     return None
 
 
+def write_problem(folder: Path, probe_bytes: int = 1 << 20) -> str | None:
+    """None if files can be written in `folder` now, else why not, in a few words: folder_problem's (a file in the
+    way, not writable), or what writing, syncing and deleting a `probe_bytes` file there raised (a read-only file
+    system, no space left on the device). Folders it had to make for that are removed again."""
+    if problem := folder_problem(folder):
+        return problem
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    probe = folder / f".write_probe.{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(bytes(probe_bytes))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        return err.strerror or str(err)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None
+
+
 def checkpoints(out_dir) -> list[tuple[int, Path]]:
     """(step, folder) of every step_N folder under OUT_DIR/checkpoints, complete or not, oldest first."""
     root = Path(out_dir) / "checkpoints"

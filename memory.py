@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 GiB = 2**30
-PROMPT_TOKENS = 256  # the plan's prompt budget: the Search-R1 instruction (~170 tokens) and a question
+PROMPT_TOKENS = 256  # the default prompt budget: the Search-R1 instruction (~170 tokens) and a question (train.py: its own)
 
 
 def free_memory(device: str) -> int:
@@ -174,7 +174,8 @@ def update_plan(model, left_bytes: float, micro_batch_size: int | None, grad_ckp
 
 
 def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows: int, turns: tuple[int, int, int],
-                bf16: bool, ref=None, world: int = 1, update: tuple[int | None, bool | None] = (None, None)):
+                bf16: bool, ref=None, world: int = 1, update: tuple[int | None, bool | None] = (None, None),
+                prompt_tokens: int = PROMPT_TOKENS):
     """(rows per generate call, micro-batch size, gradient checkpointing, the plan as printable lines) for `model`
     (loaded, or built on the meta device: only its config, parameter count and dtype are read) on a rank with
     free_bytes (free_memory). gen_batch_size: "auto" (gen_batch_size_auto) or a count, kept as given. rows: the
@@ -183,14 +184,16 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     of fp32 weights); ref: the reference model kept in memory (its dtype is read), or None (no KL term, or
     --ref-offload). update: (--micro-batch-size, --grad-ckpt) as given, None where unset: update_plan chooses those,
     for micro-batches of the longest context (context_tokens; its response part gets logits) beside the static memory
-    less the rollout's weight copy. Raises ValueError (gen_batch_size_auto, update_plan) when no choice fits; a
-    --gen-batch-size count that does not fit is reported in the plan, not raised (the figure is an estimate)."""
+    less the rollout's weight copy. prompt_tokens: the longest prompt the run will see (rollout.longest_prompt;
+    default PROMPT_TOKENS). The plan says when the longest context outgrows the model's (max_position_embeddings).
+    Raises ValueError (gen_batch_size_auto, update_plan) when no choice fits; a --gen-batch-size count that does not
+    fit is reported in the plan, not raised (the figure is an estimate)."""
     n_params, weights_bytes = sum(p.numel() for p in model.parameters()), next(model.parameters()).element_size()
     compute_bytes = 2 if bf16 else weights_bytes
     ref_bytes = next(ref.parameters()).element_size() if ref is not None else 0
     static = static_memory(n_params, weights_bytes=weights_bytes, ref_bytes=ref_bytes, world=world,
                            rollout_bytes=compute_bytes if compute_bytes != weights_bytes or world > 1 else 0)
-    context = context_tokens(*turns)
+    context = context_tokens(*turns, prompt_tokens)
     kv, row = kv_bytes_per_token(model.config, compute_bytes), row_bytes(model.config, context, compute_bytes)
     left = free_bytes - sum(static.values()) * GiB  # bytes for the generate calls
     n = gen_batch_size_auto(left, row, cap=rows) if gen_batch_size == "auto" else int(gen_batch_size)
@@ -200,8 +203,11 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
         "--ref-offload, --kl-coef 0)")
     autocast_on = bf16 and weights_bytes != 2 and world == 1  # one GPU: bf16 autocast over fp32 weights
     left_update = left + static["rollout weights"] * GiB  # the rollout's weight copy is gone by the update
-    micro, ckpt, act = update_plan(model, left_update, *update, tokens=context, response_tokens=context - PROMPT_TOKENS,
+    micro, ckpt, act = update_plan(model, left_update, *update, tokens=context, response_tokens=context - prompt_tokens,
                                    bf16_autocast=autocast_on, compute_bytes=compute_bytes)
+    most = getattr(model.config, "max_position_embeddings", None) or context
+    over = (f"\n  the longest trajectory ({prompt_tokens}-token prompt + turns) can reach {context} tokens, past the "
+            f"model's context of {most}: lower --max-turns, --max-new-tokens or --max-obs-tokens") * (context > most)
 
     def chosen(given):
         return "as given" if given is not None else "chosen by the plan"
@@ -213,7 +219,7 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
         f"bytes/token) = {need / GiB:.1f} GiB | {free_bytes / GiB:.1f} GiB usable: {fits}\n"
         f"  + update: --micro-batch-size {micro} ({chosen(update[0])}), --grad-ckpt {'on' if ckpt else 'off'} "
         f"({chosen(update[1])}): {micro} x {context} tokens of activations and logits = {act / GiB:.1f} GiB | "
-        f"{left_update / GiB:.1f} GiB left beside the static memory: fits")
+        f"{left_update / GiB:.1f} GiB left beside the static memory: fits{over}")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,21 @@ def check_obs_budget(tokenizer, max_obs_tokens: int):
         raise ValueError(f"--max-obs-tokens {max_obs_tokens} is too small: {err}") from None
 
 
+def longest_prompt(tokenizer, rows: list[dict], context: int, flag: str = "--train-data", of: int = 64) -> int:
+    """Tokens of the longest prompt (make_prompt) of question rows `rows`, from the `of` longest questions by
+    characters (the longest in tokens is among them unless a tokenization is freakish; a million questions would take
+    minutes). Raises ValueError naming `flag` (one line, the question shown) when that prompt alone is longer than the
+    model's `context` (config.max_position_embeddings: positions it never saw; it trained without a word before)."""
+    longest = sorted(rows, key=lambda r: len(r["question"]))[-of:]
+    n, question = max((len(tokenizer.encode(make_prompt(r["question"], tokenizer), add_special_tokens=False)),
+                       r["question"]) for r in longest)
+    if n > context:
+        shown = question if len(question) <= 80 else question[:77] + "..."
+        raise ValueError(f"{flag}: a prompt of {n} tokens is longer than the model's context of {context} ({shown!r}); "
+                         "drop such questions or use a model with a longer context")
+    return n
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Cutting a turn by token index
 

@@ -43,7 +43,7 @@ from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ck
                     reference_dtype, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
-from rollout import check_obs_budget, episode_stats, rollout, rollout_metrics
+from rollout import check_obs_budget, episode_stats, longest_prompt, rollout, rollout_metrics
 
 @dataclass
 class Args:
@@ -269,12 +269,15 @@ def load_run(args: Args, rank: int, world: int, device: str):
     questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
     try:
         ckpt, state, clear = checkpoint.open_run(Path(args.out_dir), args.resume, args.overwrite, warn=print0)
+        if rank == 0 and (problem := checkpoint.write_problem(Path(args.out_dir))):  # a file, read-only, a full disk
+            raise ValueError(f"--out-dir {args.out_dir}: cannot write there ({problem})")
         for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
-            if path == getattr(Args, flag[2:].replace("-", "_")) and not Path(path).exists():  # the defaults
-                raise FileNotFoundError(
-                    f"{flag} {path}: not found; make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` "
-                    "(HotpotQA, from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try "
-                    "`python scripts/spiral.py` (offline, a search world)")
+            local = flag == "--corpus" or Path(path).suffix in (".jsonl", ".json", ".parquet") or Path(path).exists()
+            if path and local and not Path(path).is_file():  # (a --train-data hub id is no path)
+                raise FileNotFoundError(f"{flag} {path}: not found" + (path == getattr(Args, flag[2:].replace(
+                    "-", "_"))) * ("; make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, "
+                                   "from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try `python "
+                                   "scripts/spiral.py` (offline, a search world)"))
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
@@ -284,6 +287,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
         args.ref_dtype = reference_dtype(args.ref_dtype, device)  # before the run's config is written
         check_obs_budget(tokenizer, args.max_obs_tokens)
+        prompt_tokens = longest_prompt(tokenizer, rows, getattr(model.config, "max_position_embeddings", None) or 1e9)
         if rank == 0:
             checkpoint.prepare_out_dir(Path(args.out_dir), clear, dataclasses.asdict(args))
             if args.ref_offload and args.kl_coef != 0.0:  # the reference, written once in --ref-dtype
@@ -302,7 +306,7 @@ def load_run(args: Args, rank: int, world: int, device: str):
         args.gen_batch_size, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # the plan's choices
             model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world, rows=rank_rows,
             update=(args.micro_batch_size, args.grad_ckpt),
-            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
+            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens), prompt_tokens=prompt_tokens)
         probe = FixedProbe.start_run(args, model, tokenizer, rows, retriever, device, rank, world, bool(ckpt), print0)
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import checkpoint  # noqa: E402
+import hang  # noqa: E402
 from test_train import files, same_value  # noqa: E402, F401  (files: the module's tiny model, questions, corpus)
 
 # a step costs ~0.3 s on the tiny model: 2 questions x 2 trajectories, one turn of 8 tokens, 2 optimizer steps
@@ -257,6 +258,24 @@ def test_full_disk_mid_save_stops_cleanly_and_resumes(files, reference, tmp_path
     assert (tmp_path / "full.ls").read_text().split() == ["step_000001"]  # no partial folder left
     assert (tmp_path / "resume.rc").read_text().strip() == "0", (tmp_path / "resume.log").read_text()[-2000:]
     assert_same_run(reference[0], metrics(tmp_path / "run"))
+
+
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and mount namespaces (unshare) for a small tmpfs")
+def test_a_full_or_read_only_out_dir_is_one_line_before_the_model_loads(files, tmp_path):
+    """--out-dir on a full disk or a read-only file system was `error: [Errno 28]` / `[Errno 30]` after the model had
+    loaded, naming no flag. Both are one line naming --out-dir now, before the model loads (--model does not exist
+    here: its error would come first otherwise)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cmd = " ".join(map(str, [sys.executable, "train.py", *train_args(files, disk / "run"), "--model", "/nope/model"]))
+    script = (f"mount -t tmpfs -o size=256k tmpfs {disk} && {{ cat /dev/zero > {disk}/fill 2>/dev/null; {cmd} "
+              f"> {tmp_path}/full.log 2>&1; rm {disk}/fill; mount -o remount,ro {disk} && {cmd} > {tmp_path}/ro.log "
+              f"2>&1; ls -A {disk} > {tmp_path}/ls; }}")
+    hang.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=ROOT)
+    for log, why in (("full.log", "No space left on device"), ("ro.log", f"{disk} is not writable")):
+        lines = (tmp_path / log).read_text().strip().splitlines()
+        assert lines[-1] == f"error: --out-dir {disk}/run: cannot write there ({why})", lines
+    assert (tmp_path / "ls").read_text().split() == []  # the checks left nothing behind
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

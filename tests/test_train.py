@@ -1,6 +1,7 @@
 """train.py and evaluate.py end to end on the tiny model, plus the log-prob pass they share (P14, P17, P18)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 import memory  # noqa: E402
 import policy  # noqa: E402
 from policy import batch_logp, collate, load_policy  # noqa: E402
+from rollout import longest_prompt  # noqa: E402
 from train import parse_args  # noqa: E402
 
 QUESTIONS = [
@@ -89,6 +91,38 @@ def test_train_bad_question_file_is_one_clear_line(files, bad, message):
     f.write_text(bad)
     r = run("train.py", "--model", files["model"], "--train-data", str(f), "--corpus", files["corpus"], "--steps", "1")
     assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_out_dir_and_missing_inputs_are_one_line_naming_the_flag_before_the_model_loads(files, tmp_path):
+    """`--out-dir FILE` was `error: [Errno 17] File exists: '...'` after the model had loaded (372 s for a real one),
+    and a missing --train-data or --corpus named no flag. Each is one line naming its flag now, before the model
+    loads (the --model here does not exist: its error would come first otherwise)."""
+    (tmp_path / "file").write_text("")
+    for flags, line in (
+            (["--out-dir", str(tmp_path / "file")], f"error: --out-dir {tmp_path}/file: cannot write there "
+                                                    f"({tmp_path}/file is a file, not a folder)"),
+            (["--out-dir", str(tmp_path / "file" / "run")], f"error: --out-dir {tmp_path}/file/run: cannot write "
+                                                            f"there ({tmp_path}/file is a file, not a folder)"),
+            (["--train-data", str(tmp_path / "q.jsonl")], f"error: --train-data {tmp_path}/q.jsonl: not found"),
+            (["--corpus", str(tmp_path)], f"error: --corpus {tmp_path}: not found")):
+        argv = {"--train-data": files["q"], "--corpus": files["corpus"], "--out-dir": str(tmp_path / "run")}
+        argv.update(zip(flags[::2], flags[1::2]))
+        r = run("train.py", "--model", "/nope/model", *[x for kv in argv.items() for x in kv], *SMALL)
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == line, r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no folder left behind by the checks
+
+
+def test_a_prompt_longer_than_the_models_context_is_one_line(files, tmp_path):
+    """A prompt longer than the model's context trained without a word (positions the model never saw)."""
+    long = " ".join(["thing"] * 2500)
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question": q, "golden_answers": ["a"]}) + "\n"
+                                              for q in ("Where is Paris", long)))
+    r = run("train.py", "--model", files["model"], "--train-data", str(tmp_path / "q.jsonl"), "--corpus",
+            files["corpus"], "--out-dir", str(tmp_path / "run"), *SMALL)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert re.fullmatch(r"error: --train-data: a prompt of \d+ tokens is longer than the model's context of 2048 "
+                        r"\('thing thing .*\.\.\.'\); drop such questions or use a model with a longer context",
+                        r.stderr.strip().splitlines()[-1]), r.stderr[-2000:]
 
 
 def test_train_missing_files_are_one_clear_line(files):
@@ -432,21 +466,26 @@ def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files,
     monkeypatch.setitem(engine.GENERATORS, train.Args.generator,
                         lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw))
     # the tiny model (fp32 on CPU, --amp auto: no autocast): 2 layers x 2 KV heads x 16 x 2 x 4 bytes = 512 bytes
-    # per token of KV cache, + 3 x 128 x 4 of prefill MLP + 400 of mask; context 256 + 2 x (16 + 48) + 16 = 400
-    # tokens: 979,200 bytes per row (memory.row_bytes). Free: the static memory plus just enough for the update's 1-row
-    # micro-batches with --grad-ckpt (memory.update_activation_bytes); the generate calls get 0.9 x that / 979,200
-    model = load_policy(files["model"], "float32", "cpu")[0]
-    n = sum(p.numel() for p in model.parameters())
+    # per token of KV cache, + 3 x 128 x 4 of prefill MLP + the context's mask; context: the longest prompt of the
+    # questions (the plan sizes rows from the prompts the run will see; it assumed 256 tokens) + 2 x (16 + 48) + 16
+    # (memory.row_bytes). Free: the static memory plus just enough for the update's 1-row micro-batches with
+    # --grad-ckpt (memory.update_activation_bytes); the generate calls get 0.9 x that / the row's bytes
+    model, tokenizer, _ = load_policy(files["model"], "float32", "cpu")
+    prompt = longest_prompt(tokenizer, QUESTIONS, 2048)
+    context, n = prompt + 2 * (16 + 48) + 16, sum(p.numel() for p in model.parameters())
+    assert prompt > 100 and memory.row_bytes(model.config, context, 4) == context * (512 + 1536 + context)  # exact
     static = n * (4 + 4 + 8 + 4)  # fp32 policy, gradients, AdamW m and v, reference (--ref-dtype float32)
-    left = memory.update_activation_bytes(model, 1, 400, 400 - 256, grad_ckpt=True, bf16_autocast=False) / 0.9 + 1e3
-    rows = int(0.9 * left // 979_200)
+    left = memory.update_activation_bytes(model, 1, context, context - prompt, grad_ckpt=True,
+                                          bf16_autocast=False) / 0.9 + 1e3
+    rows = int(0.9 * left // (context * (512 + 1536 + context)))
     assert 1 < rows < 8  # a turn has 2 x 4 rows: the memory, not the cap, decides
     monkeypatch.setattr(train, "free_memory", lambda device: static + left)
     train_in_process(files, files["dir"] / "auto", "--steps", "1", "--gen-batch-size", "auto", "--ref-dtype", "float32",
                      "--device", "cpu", "--micro-batch-size", "1", "--grad-ckpt")  # CPU figures (GPU: bf16)
     out = capsys.readouterr().out
-    assert "memory plan per rank:" in out and f"{rows} rows per call x 400 tokens x (KV 512 + prefill 1,936" in out, out
-    assert "+ update: --micro-batch-size 1 (as given), --grad-ckpt on (as given): 1 x 400 tokens" in out
+    assert "memory plan per rank:" in out and \
+        f"{rows} rows per call x {context} tokens x (KV 512 + prefill {1536 + context:,}" in out, out
+    assert f"+ update: --micro-batch-size 1 (as given), --grad-ckpt on (as given): 1 x {context} tokens" in out
     assert sizes == [rows, rows] and "step 1 |" in out  # the probe's step-0 rollout (probe.py), then step 1's
     monkeypatch.setattr(train, "free_memory", lambda device: 2**20)  # 1 MiB: not even the static memory
     with pytest.raises(SystemExit, match="error: --gen-batch-size auto: one generate row needs .* lower "
@@ -461,9 +500,11 @@ def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_th
 
     wrapped = []
     monkeypatch.setattr(train, "enable_grad_ckpt", lambda m: wrapped.append(m) or policy.enable_grad_ckpt(m))
-    model = load_policy(files["model"], "float32", "cpu")[0]
+    model, tokenizer, _ = load_policy(files["model"], "float32", "cpu")
     static = sum(p.numel() for p in model.parameters()) * (4 + 4 + 8 + 4)
-    need = {ck: memory.update_activation_bytes(model, 2, 400, 144, grad_ckpt=ck, bf16_autocast=False) for ck in (0, 1)}
+    context = longest_prompt(tokenizer, QUESTIONS, 2048) + 144  # the longest prompt + 2 x (16 + 48) + 16
+    need = {ck: memory.update_activation_bytes(model, 2, context, 144, grad_ckpt=ck, bf16_autocast=False)
+            for ck in (0, 1)}
     assert need[1] < need[0]
     monkeypatch.setattr(train, "free_memory", lambda device: static + need[1] / 0.9 + 1e3)  # room with checkpointing
     metrics = train_in_process(files, files["dir"] / "ckpt_auto", "--steps", "1", "--ref-dtype", "float32",
@@ -476,7 +517,7 @@ def test_the_plan_turns_on_grad_ckpt_when_the_update_needs_it_or_stops_naming_th
                          "--no-grad-ckpt")
     msg = str(stop.value)
     assert len(msg.splitlines()) == 1 and msg.startswith("error: the update does not fit: 2 row(s) per micro-batch x "
-                                                         "400 tokens without --grad-ckpt need"), msg
+                                                         f"{context} tokens without --grad-ckpt need"), msg
     assert "use --micro-batch-size 1, --grad-ckpt, --ref-offload, --fsdp" in msg
     assert "step 1 |" not in capsys.readouterr().out
 
