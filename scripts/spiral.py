@@ -286,6 +286,23 @@ def tables(rows: list[dict], warm: dict) -> list[str]:
     return lines
 
 
+def delta_tables(paths: list[str]) -> list[str]:
+    """One markdown table of `python probe.py --out` results (Fig. 3a's Delta(x)): a row per file x (k, lambda), with
+    the model probed, the mixed groups, the fraction with Delta(x) < 0 and its 95% interval, and the mean Delta of the
+    correct and incorrect responses, in all and by part (first action / later actions / answer span; nats/response)."""
+    lines = ["| model probed | k | lambda | mixed / groups | Delta < 0 [95% CI] | correct: all / first / later / "
+             "answer | incorrect: all / first / later / answer |", "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for r in data["rows"]:
+            def parts(s):
+                return " / ".join(fmt(r[f"delta_{s}{p}"], "+.2f") for p in ("", "_first", "_later", "_answer"))
+            neg = "-" if r["frac_neg"] is None else f"{r['frac_neg']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
+            lines.append(f"| {data['args']['model']} | {r['k']} | {r['llds']:g} | {r['mixed']} / {r['groups']} | {neg} "
+                         f"| {parts('correct')} | {parts('incorrect')} |")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="data/world", help="world folder (built by scripts/search_world.py if absent)")
@@ -303,7 +320,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20, help="rollout steps per run")
     ap.add_argument("--test-samples", type=int, default=0,
                     help="also measure the sampled test reward, this many trajectories per test question (0: off)")
+    ap.add_argument("--delta-tables", nargs="+", default=[], metavar="JSON",
+                    help="print one markdown table of these `probe.py --out` files and exit")
     args, extra = ap.parse_known_args(argv)
+    if args.delta_tables:
+        print("\n".join(delta_tables(args.delta_tables)))
+        return
     train.parse_args(RL + extra)  # a bad train.py flag stops here, before the world is built, with train.py's line
     if (args.steps < 5 or any(lr <= 0 for lr in args.lrs) or any(lam < 0 for lam in args.lambdas)
             or args.test_samples < 0 or any(w < 0 for w in args.world_seeds)):
