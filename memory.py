@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 GiB = 2**30
-PROMPT_TOKENS = 256  # the default prompt budget: the Search-R1 instruction (~170 tokens) and a question (train.py: its own)
+PROMPT_TOKENS = 256  # default prompt budget: the Search-R1 instruction (~170 tokens) and a question (train.py: its own)
 
 
 def free_memory(device: str) -> int:
