@@ -17,7 +17,6 @@ import random
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import hang  # noqa: E402
 import bm25  # noqa: E402
 from bm25 import (  # noqa: E402
     BM25_VARIANTS, LUCENE_STOP_WORDS, SparseBM25, english_analyze, java_lower, lucene_doc_length, standard_tokenize,
@@ -646,9 +646,9 @@ def run_lucene(tmp_path, *args: str) -> list[str]:
     classpath = ":".join(map(str, LUCENE_JARS)) + f":{tmp_path}"
     if not (tmp_path / "LuceneRef.class").exists():
         (tmp_path / "LuceneRef.java").write_text(LUCENE_JAVA, encoding="utf-8")
-        subprocess.run(["javac", "-cp", classpath, "-d", str(tmp_path), str(tmp_path / "LuceneRef.java")], check=True,
-                       capture_output=True, timeout=120)
-    out = subprocess.run(["java", "-cp", classpath, "LuceneRef", *args], check=True, capture_output=True, timeout=600)
+        hang.run(["javac", "-cp", classpath, "-d", str(tmp_path), str(tmp_path / "LuceneRef.java")], check=True,
+                 capture_output=True)
+    out = hang.run(["java", "-cp", classpath, "LuceneRef", *args], check=True, capture_output=True)
     return out.stdout.decode("utf-8").split("\n")[:-1]
 
 
@@ -820,8 +820,8 @@ def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch)
 def test_scale_benchmark_runs_and_finds_the_same_hits():
     """benchmarks/bench_retrieval_scale.py on a tiny synthetic index (seconds), so it does not rot: every query set's
     row says the posting-list top-k returned the dense top-k's passages and scores."""
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_retrieval_scale.py"), "--sizes", "2000",
-                        "--queries", "5", "--bm25s-max", "0"], capture_output=True, text=True, timeout=120)
+    r = hang.run([sys.executable, str(REPO / "benchmarks" / "bench_retrieval_scale.py"), "--sizes", "2000",
+                  "--queries", "5", "--bm25s-max", "0"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line.split() for line in r.stdout.splitlines() if line.strip().startswith("2,000")]
     assert [row[1] for row in rows] == ["question", "rare", "common"], r.stdout
@@ -829,6 +829,6 @@ def test_scale_benchmark_runs_and_finds_the_same_hits():
 
 
 def test_demo_runs():
-    out = subprocess.run([sys.executable, "bm25.py"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = hang.run([sys.executable, "bm25.py"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2:] == ["lucene [0, 1] [0.7459, 0.2416]", "okapi [0, 1] [0.5303, 0.0251]"]

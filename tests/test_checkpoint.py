@@ -230,7 +230,7 @@ def test_kill_at_every_point_of_a_save_resumes_to_the_same_run(files, reference,
 def can_mount_tmpfs() -> bool:
     try:
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=1m tmpfs /mnt && umount /mnt"], capture_output=True, timeout=20)
+                            "mount -t tmpfs -o size=1m tmpfs /mnt && umount /mnt"], capture_output=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -248,8 +248,8 @@ def test_full_disk_mid_save_stops_cleanly_and_resumes(files, reference, tmp_path
               f" echo $? > {tmp_path}/full.rc; ls {disk}/run/checkpoints > {tmp_path}/full.ls; "
               f"mount -o remount,size=64m {disk} && {' '.join(map(str, cmd))} --resume {disk}/run "
               f"> {tmp_path}/resume.log 2>&1; echo $? > {tmp_path}/resume.rc; cp -r {disk}/run {tmp_path}/run; }}")
-    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=ROOT, timeout=300,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    hang.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=ROOT,
+             env={**os.environ, "OMP_NUM_THREADS": "1"})
     log = (tmp_path / "full.log").read_text()
     assert (tmp_path / "full.rc").read_text().strip() == "1", log[-2000:]
     error = [line for line in log.splitlines() if line.startswith("error:")]
@@ -379,8 +379,7 @@ def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
         checkpoint.save(tmp_path, step, lambda folder: (folder / "weights.bin").write_bytes(b"x" * 100), keep=2)
     with open(checkpoint.step_dir(tmp_path, 2) / "weights.bin", "r+b") as f:
         f.truncate(10)
-    r = subprocess.run([sys.executable, "checkpoint.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = hang.run([sys.executable, "checkpoint.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("step      1 ") and lines[0].endswith("complete")
@@ -394,8 +393,7 @@ def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
     (tmp_path / "file").write_text("")
     for missing, why in ((tmp_path / "no" / "such" / "dir", "no such run folder"),
                          (tmp_path / "file", "no such run folder (a file)")):
-        r = subprocess.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)
+        r = hang.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 1 and r.stdout == "" and r.stderr == f"error: {missing}: {why}\n", r
 
 

@@ -8,7 +8,6 @@ import ast
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import hang  # noqa: E402
 import grade  # noqa: E402
 import make_snapshots  # noqa: E402
 from make_assignment import EXERCISES, INSTRUCTOR_ONLY, blank, function_source, is_blank, splice  # noqa: E402
@@ -99,10 +99,10 @@ def test_student_copy_imports_and_collects(student):
         for file, name in spec["functions"]:
             assert is_blank((student / file).read_text(), name), f"{file} {name} was not blanked"
     code = "import grpo, llds, rollout, train, evaluate, fsdp"
-    out = subprocess.run([sys.executable, "-c", code], cwd=student, capture_output=True, text=True, timeout=120)
+    out = hang.run([sys.executable, "-c", code], cwd=student, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q"], cwd=student, capture_output=True,
-                         text=True, timeout=300)
+    out = hang.run([sys.executable, "-m", "pytest", "--collect-only", "-q"], cwd=student, capture_output=True,
+                   text=True)
     assert out.returncode == 0 and " collected" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr
 
 

@@ -3,7 +3,6 @@ byte-order marks, parquet), passage titles, the epoch order, the demo. CPU only,
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import hang  # noqa: E402
 from data import load_corpus, load_questions, next_prompts, passage_title  # noqa: E402
 
 
@@ -192,6 +192,6 @@ def test_next_prompts_takes_every_question_once_per_epoch():
 
 
 def test_demo_runs():
-    out = subprocess.run([sys.executable, "data.py"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = hang.run([sys.executable, "data.py"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "5 ['Paris', 'Berlin', 'Eiffel Tower']"

@@ -3,7 +3,6 @@ train.py run that saves, resumes exactly and leaves a checkpoint evaluate.py can
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import hang  # noqa: E402
 import fsdp_update  # noqa: E402
 from test_train import QUESTIONS, SMALL  # noqa: E402
 from data import DEMO_CORPUS  # noqa: E402
@@ -29,8 +29,8 @@ def torchrun(*cmd, logs: Path, cwd=ROOT):
     says why, which torchrun's summary and the interleaved tail of its console do not."""
     logs.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="torchrun_", dir=logs))  # this run's logs only
-    r = subprocess.run([*TORCHRUN, "--log-dir", str(logs), "--tee", "3", *cmd], cwd=cwd, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    r = hang.run([*TORCHRUN, "--log-dir", str(logs), "--tee", "3", *cmd], cwd=cwd, capture_output=True, text=True,
+                 env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     if r.returncode != 0:
         per_rank = "".join(f"\n----- {f.relative_to(logs)} (last 3000 characters) -----\n{f.read_text(errors='replace')[-3000:]}"
                            for f in sorted(logs.glob("*/attempt_*/*/*")) if f.name in ("stderr.log", "error.json"))
@@ -132,6 +132,6 @@ def test_the_demo_destroys_its_group_before_finalisation(tmp_path):
         f"runpy.run_path({str(ROOT / 'fsdp.py')!r}, run_name='__main__')\n")
     if not Path("/proc/self/task").is_dir():
         pytest.skip("needs Linux /proc to list threads")
-    r = subprocess.run([sys.executable, str(probe)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = hang.run([sys.executable, str(probe)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "after the exit hook: []" in r.stdout, r.stdout

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import hang
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, "benchmarks/gpu_check.py"]
 FIGURES = ("step_s", "gen_s", "logp_s", "update_s", "gen_tok_s", "trained_tokens", "peak_gib", "params")
@@ -17,9 +19,9 @@ def test_tiny_run_writes_every_row_with_positive_figures(tmp_path):
     """Both rows (--fsdp off and on one torchrun rank), each with positive timings, tokens/s and peak memory, step 2's
     figures taken from the run's own metrics; the tests part runs one named test through pytest."""
     out = tmp_path / "x.json"
-    r = subprocess.run([*SCRIPT, "--tiny", "--out", str(out), "--tests",
-                        "tests/test_memory.py::test_kv_bytes_per_token_by_hand"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = hang.run([*SCRIPT, "--tiny", "--out", str(out), "--tests",
+                  "tests/test_memory.py::test_kv_bytes_per_token_by_hand"],
+                 cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", False), ("tiny", True)]

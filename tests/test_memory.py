@@ -2,7 +2,6 @@
 activations with --micro-batch-size and --grad-ckpt chosen when unset, checked against hand arithmetic with fake
 free-memory figures for the three model sizes on the meta device; the flags' parsing (train.py)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import hang  # noqa: E402
 from memory import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
 from memory import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
 from memory_plan import meta_model  # noqa: E402
@@ -88,7 +88,7 @@ def test_memory_plan_for_3b_on_an_80_gb_card():
 
 
 def test_the_demo_prints_the_3b_plan_of_its_comments():
-    out = subprocess.run([sys.executable, "memory.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = hang.run([sys.executable, "memory.py"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "context 3756 | KV bytes/token 36864 | row bytes 400645008"

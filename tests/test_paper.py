@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TABLES = ROOT / "tests" / "fixtures" / "paper_tables.md"
 
+import hang  # noqa: E402
 import evaluate as E  # noqa: E402
 import paper  # noqa: E402
 
@@ -102,7 +103,7 @@ def test_compare_paper_picks_the_row_from_the_runs_args(tmp_path):
 def test_the_demo_lists_every_row():
     import subprocess
 
-    out = subprocess.run([sys.executable, "paper.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = hang.run([sys.executable, "paper.py"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == len(paper.PAPER) and sum("recipe:" in line for line in lines) == len(paper.RECIPES)

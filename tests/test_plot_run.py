@@ -4,7 +4,6 @@ bad metrics lines give one clear line."""
 import json
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import hang  # noqa: E402
 import plot_run as P  # noqa: E402
 
 
@@ -67,8 +67,7 @@ def test_plot_two_runs_writes_a_png(tmp_path):
 
 def test_plot_command_default_path_and_bad_run_dirs(tmp_path):
     run = fake_run(tmp_path / "old", steps=12, with_delta=False)  # an old run: no delta_correct at all
-    r = subprocess.run([sys.executable, "scripts/plot_run.py", str(run)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = hang.run([sys.executable, "scripts/plot_run.py", str(run)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (run / "diagnostics.png").exists() and png_size(run / "diagnostics.png")[0] > 1500
     with pytest.raises(SystemExit, match=f"error: no metrics.jsonl in {re.escape(str(tmp_path))}"):

@@ -3,7 +3,6 @@ the hub's row format, the original release's, and a parquet written by `datasets
 CPU only, no network."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+import hang  # noqa: E402
 from prepare_data import build, main  # noqa: E402
 from data import load_corpus, load_questions  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
@@ -68,7 +68,7 @@ def test_prepare_data_bad_input_is_one_line(tmp_path):
     cmd = [sys.executable, "scripts/prepare_data.py", "--out-dir", str(tmp_path / "out"), "--input"]
     for spec, message in [(f"train={bad}", "bad.jsonl:2: not valid JSON"), ("train=/nope.json", "/nope.json"),
                           (f"train={FIXTURES / '..' / 'test_prepare_data.py'}", "not valid JSON")]:
-        r = subprocess.run(cmd + [spec], cwd=REPO, capture_output=True, text=True, timeout=60)
+        r = hang.run(cmd + [spec], cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     with pytest.raises(ValueError, match="train row 0: not a HotpotQA distractor row"):
         build({"train": [{"question": "q?", "answer": "a"}]})
@@ -81,7 +81,7 @@ def test_out_dir_that_is_a_file_or_an_input_is_one_line(tmp_path):
     (tmp_path / "file").write_text("keep")
     cmd = [sys.executable, "scripts/prepare_data.py", "--input", f"train={HUB}", "--out-dir"]
     for out in (tmp_path / "file", tmp_path / "file" / "sub"):
-        r = subprocess.run(cmd + [str(out)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        r = hang.run(cmd + [str(out)], cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip().splitlines()[-1] == (f"prepare_data.py: error: --out-dir {out}: {tmp_path}/file is a "
                                                      "file, not a folder")
@@ -89,8 +89,8 @@ def test_out_dir_that_is_a_file_or_an_input_is_one_line(tmp_path):
     raw = tmp_path / "data" / "hotpotqa_train.jsonl"
     raw.parent.mkdir()
     raw.write_text(HUB.read_text())
-    r = subprocess.run([sys.executable, "scripts/prepare_data.py", "--input", f"train={raw}", "--out-dir",
-                        str(raw.parent)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = hang.run([sys.executable, "scripts/prepare_data.py", "--input", f"train={raw}", "--out-dir",
+                  str(raw.parent)], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
         f"error: --input {raw} is a file this command writes (--out-dir {raw.parent}); choose another --out-dir")
     assert raw.read_text() == HUB.read_text() and sorted(p.name for p in raw.parent.iterdir()) == [raw.name]

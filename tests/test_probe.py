@@ -3,7 +3,6 @@ computations on tiny tensors and the tests' tiny model."""
 
 import copy
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
 
+import hang  # noqa: E402
 from grpo import grpo_loss  # noqa: E402
 from policy import batch_logp  # noqa: E402
 from probe import _batch, delta_probe, group_delta, probe_stats, wilson  # noqa: E402
@@ -160,17 +160,17 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
     out = tmp_path / "delta.json"
     cmd = [sys.executable, "probe.py", "--model", "scripts/world0_policy", "--train-data",
            str(tmp_path / "w" / "world_train.jsonl"), "--corpus", str(tmp_path / "w" / "corpus.jsonl")]
-    r = subprocess.run([*cmd, "--questions", "8", "--group-size", "4", "--k", "1", "2", "--llds", "0", "0.2",
-                        "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3",
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    r = hang.run([*cmd, "--questions", "8", "--group-size", "4", "--k", "1", "2", "--llds", "0", "0.2",
+                  "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3",
+                  "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                 env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(x["k"], x["llds"]) for x in rows] == [(1, 0.0), (1, 0.2), (2, 0.0), (2, 0.2)]  # exact: the flags' values
     assert rows[0]["mixed"] >= 1 and "Delta<0" in r.stdout
     for key in ("delta_correct", "delta_incorrect", "delta_correct_first", "delta_incorrect_answer"):
         assert rows[0][key] == pytest.approx(rows[1][key], abs=1e-6)  # k = 1: LLDS is inert
-    bad = subprocess.run([*cmd, "--questions", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = hang.run([*cmd, "--questions", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--questions must be >= 1 "
                                                                                 "(--max-turns >= 0), got 0")
 

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -152,19 +151,19 @@ def test_variants_and_their_errors(variant):
 
 
 def test_demo_runs():
-    out = subprocess.run([sys.executable, "retriever.py"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = hang.run([sys.executable, "retriever.py"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert 'Doc 1(Title: "Rhine")' in out.stdout
-    assert "python scripts/retrieval_server.py --corpus" in subprocess.run(
-        [sys.executable, "retriever.py", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    assert "python scripts/retrieval_server.py --corpus" in hang.run(
+        [sys.executable, "retriever.py", "--help"], cwd=REPO, capture_output=True, text=True).stdout
 
 
 def test_cli_on_real_corpus():
     cmd = [sys.executable, "retriever.py", "--corpus", str(QA_SAMPLE / "corpus.jsonl"), "Eve Beglarian composer"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = hang.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "Doc 1(Title:" in out.stdout and "score=" in out.stdout
-    bad = subprocess.run(cmd[:4], cwd=REPO, capture_output=True, text=True, timeout=60)
+    bad = hang.run(cmd[:4], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "no query" in bad.stderr
 
 
@@ -414,15 +413,12 @@ def test_client_gives_up_on_a_silent_server_warning_on_each_try(capsys):
         s.bind(("127.0.0.1", 0))
         s.listen(16)
         url = f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
-        t0 = time.monotonic()
         with pytest.raises(ConnectionError) as err:
             RemoteRetriever(url, timeout=0.3, retries=2, backoff=0.05).search(["Paris"])
-        elapsed = time.monotonic() - t0
     assert capsys.readouterr().err.splitlines() == [
         f"warning: retriever at {url}: no answer in 0.3 s (try 1 of 3); retrying in 0.05 s",
         f"warning: retriever at {url}: no answer in 0.3 s (try 2 of 3); retrying in 0.1 s",
     ]
-    assert 0.9 <= elapsed < 3, elapsed  # 3 x 0.3 s + 0.15 s of backoff
     message = str(err.value)
     assert "\n" not in message
     assert re.search(r"failed after 3 tries in \d+\.\d s \(last: no answer in 0\.3 s\)", message), message
@@ -447,7 +443,7 @@ def test_bm25_flag_in_every_entry_point(tmp_path):
     line naming the flag and the choices; both variants run, and the server started with --bm25 okapi answers as
     BM25Retriever(bm25="okapi") does."""
     def cli(*args):
-        return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+        return hang.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
 
     for args in (["retriever.py", "--bm25", "bm26"], ["scripts/retrieval_server.py", "--corpus", "c", "--bm25", "bm26"],
                  ["evaluate.py", "--model", "m", "--bm25", "bm26"]):
@@ -475,4 +471,4 @@ def test_bm25_flag_in_every_entry_point(tmp_path):
         assert expected != BM25Retriever(TOY).search(queries, 5)  # the flag did reach the server
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.wait(timeout=hang.HANG_S)

@@ -4,7 +4,6 @@ policy loads as train.py loads it, and a few supervised steps lower the loss. Sm
 seconds."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
+import hang  # noqa: E402
 import search_world as W  # noqa: E402
 import warm_start as S  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
@@ -74,8 +74,8 @@ def test_bm25_finds_each_person_and_town_first(world, retriever):
 
 
 def test_bad_world_size_is_one_error_line(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(tmp_path),
-                          "--people", "5", "--sft-steps", "0"], capture_output=True, text=True, timeout=60)
+    out = hang.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(tmp_path),
+                    "--people", "5", "--sft-steps", "0"], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("search_world.py: error: need people >= 10")
     with pytest.raises(ValueError, match="test_frac"):
@@ -151,8 +151,8 @@ def test_tokenizer_is_the_same_in_every_process():
     code = ("import hashlib, sys; sys.path.insert(0, 'scripts'); import search_world as W, warm_start as S; "
             "t = S.build_tokenizer(W.tokenizer_texts(W.make_world(seed=3, people=40, towns=6)), vocab_size=600); "
             "print(hashlib.sha256(t.backend_tokenizer.to_str().encode()).hexdigest())")
-    out = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
+    out = [hang.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                    env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(o.returncode == 0 for o in out), out[0].stderr[-500:]
     assert out[0].stdout == out[1].stdout and len(out[0].stdout.strip()) == 64
 
@@ -191,8 +191,8 @@ def test_out_file_is_one_error_line(tmp_path):
     """--out FILE (or a folder below a file) was a FileExistsError traceback from write_world."""
     (tmp_path / "file").write_text("")
     for out in (tmp_path / "file", tmp_path / "file" / "world"):
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(out), "--sft-steps",
-                            "0"], capture_output=True, text=True, timeout=60)
+        r = hang.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(out), "--sft-steps",
+                      "0"], capture_output=True, text=True)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr.strip().splitlines()[-1] == (f"search_world.py: error: --out {out}: {tmp_path}/file is a file, "
                                                      "not a folder")

@@ -3,11 +3,12 @@ train.py stays short enough to read beside the paper; --help is grouped by Args'
 file says how to make it; a loss metric without a declared reduction is an error, not a silently wrong number."""
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import hang
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,7 +73,7 @@ def test_train_py_reads_on_a_few_screens():
 
 
 def test_help_is_grouped_by_the_args_sections():
-    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = hang.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     sections = [line[:-1] for line in out.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert sections[-8:] == ["model", "data and retrieval", "rollout", "GRPO loss", "LLDS", "optimisation",
@@ -93,8 +94,8 @@ def test_choices_come_from_the_loss_tables():
 
 def test_missing_default_data_says_how_to_make_it(tmp_path):
     # (cwd tmp_path: the repository's own data/ folder, if someone made it, does not count)
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out-dir", str(tmp_path / "run")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = hang.run([sys.executable, str(ROOT / "train.py"), "--out-dir", str(tmp_path / "run")], cwd=tmp_path,
+                   capture_output=True, text=True)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python "

@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import hang  # noqa: E402
 from data import DEMO_CORPUS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 import memory  # noqa: E402
@@ -28,7 +29,7 @@ QUESTIONS = [
 
 
 def run(*cmd, cwd=ROOT):
-    return subprocess.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return hang.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +250,7 @@ def test_train_same_rewards_in_process_and_served(files):
         records = json.loads(out.read_text())["records"]
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.wait(timeout=hang.HANG_S)
     (local_metrics, local_rollouts), (served_metrics, served_rollouts) = runs["in_process"], runs["served"]
     rewards = [[m["rollout/reward"] for m in ms] for ms in (local_metrics, served_metrics)]
     assert rewards[0] == rewards[1]  # exact: one seeded run twice on this machine, the same code on the same passages
@@ -623,8 +624,8 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_goes_on(files, monk
 
 
 def test_report_to_a_tracker_that_is_not_installed_is_one_line():
-    out = subprocess.run([sys.executable, "train.py", "--report-to", "trackio"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = hang.run([sys.executable, "train.py", "--report-to", "trackio"], cwd=ROOT, capture_output=True,
+                   text=True)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(
         "error: --report-to trackio: the trackio package is not installed (pip install trackio), or leave --report-to "
         "off")

@@ -4,7 +4,6 @@ steps under bf16 autocast lower the loss, the saved folder loads as train.py loa
 The tiny model of tests/tiny.py and a 5-question, 7-passage fixture, so the file runs in seconds."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
+import hang  # noqa: E402
 import tiny  # noqa: E402
 import warm_start as S  # noqa: E402
 import warm_start_qa as Q  # noqa: E402
@@ -156,9 +156,9 @@ def test_bad_input_is_one_line(files, tmp_path):
 def test_the_command_line_says_it_in_one_line(files, tmp_path):
     untitled = [{k: v for k, v in r.items() if k != "metadata"} for r in ROWS]
     no_titles = write_jsonl(tmp_path / "nq_train.jsonl", untitled)
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "warm_start_qa.py"), "--model", files["model"],
-                          "--train-data", files["train"], no_titles, "--corpus", files["corpus"],
-                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    out = hang.run([sys.executable, str(ROOT / "scripts" / "warm_start_qa.py"), "--model", files["model"],
+                    "--train-data", files["train"], no_titles, "--corpus", files["corpus"],
+                    "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines() == [f"error: --train-data {no_titles}: 5 of 5 questions have no "
                                        "metadata.supporting_titles (the first: question 1, id h1); the demonstrations "
