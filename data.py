@@ -150,6 +150,20 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
     return rows
 
 
+MAKE_DATA = ("make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass "
+             "--train-data FILE|HUB_ID and --corpus FILE, or try `python scripts/spiral.py` (offline, a search world)")
+
+
+def missing_input(flag: str, path: str, default: str = "") -> str | None:
+    """One line naming `flag` if `path` (a --corpus file, or a --train-data file: a hub id, which load_questions takes
+    for any path without a .jsonl/.json/.parquet suffix that does not exist, is not checked) is not a file; how to
+    make the data (MAKE_DATA) when it is the `default`. None if it is there, or empty ("": not used)."""
+    local = flag == "--corpus" or Path(path).suffix in (".jsonl", ".json", ".parquet") or Path(path).exists()
+    if not path or not local or Path(path).is_file():
+        return None
+    return f"{flag} {path}: not found" + f"; {MAKE_DATA}" * (path == default)
+
+
 def next_prompts(rows: list[dict], order: list[int], n: int, seed: int) -> tuple[list[dict], list[int]]:
     """The next n questions of `rows` and the order left after them. `order` holds the indices still to come in this
     epoch; when fewer than n remain, a new epoch's seeded permutation is appended (numpy default_rng(seed)), so every

@@ -338,15 +338,18 @@ def response_logp_plain(model, batch, rows, temperature, vocab_size) -> torch.Te
 
 
 @torch.no_grad()
-def batch_logp(model, batch, micro_batch_size, temperature, vocab_size, start: int = 0) -> torch.Tensor:
-    """No-grad logp [B, T] of rows start.. of the rollout batch, in the micro-batches the update will use (from
-    `start`: train.py's old pass skips the first mini-batch, whose log-probs the update's own forward gives), on the
-    CPU; rows before `start` are NaN, for the caller to fill (train.update)."""
+def batch_logp(model, batch, micro_batch_size, temperature, vocab_size, start: int = 0,
+               mini_batch_size: int | None = None) -> torch.Tensor:
+    """No-grad logp [B, T] of rows start.. of the rollout batch, in the micro-batches the update will use: of
+    micro_batch_size rows, restarting at each mini-batch of mini_batch_size rows (None: one mini-batch), as
+    train.update makes them (rows padded together as there give the same floats), on the CPU. start: train.py's old
+    pass skips the first mini-batch, whose log-probs the update's own forward gives; rows before it are NaN, for the
+    caller to fill (train.update)."""
     B, T = batch["loss_mask"].shape
-    start = min(start, B)
+    start, mini = min(start, B), mini_batch_size or max(B, 1)
     return torch.cat([torch.full((start, T), float("nan"))] + [
-        response_logp(model, batch, slice(i, min(i + micro_batch_size, B)), temperature, vocab_size)[0].cpu()
-        for i in range(start, B, micro_batch_size)])
+        response_logp(model, batch, slice(i, min(i + micro_batch_size, m0 + mini, B)), temperature, vocab_size)[0].cpu()
+        for m0 in range(0, B, mini) for i in range(max(m0, start), min(m0 + mini, B), micro_batch_size)])
 
 
 def load_reference(model_name: str, dtype: str, device: str, offload_dir: Path | None = None):

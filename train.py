@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 import checkpoint
 from checkpoint import restore, save_checkpoint
-from data import load_questions, next_prompts
+from data import load_questions, missing_input, next_prompts
 from engine import GENERATORS, diverged_sampling
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
@@ -264,6 +264,13 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     return per_mini, grad_norms, stepped
 
 
+def logp_pass(model, batch, args: Args, vocab_size: int, world: int, skip_first: bool = False) -> torch.Tensor:
+    """policy.batch_logp [B, T] in the update's own micro-batches, which restart at each of this rank's mini-batches
+    (the same rows padded together: the same floats); skip_first: the first mini-batch's rows NaN (`update` fills)."""
+    mini = args.mini_batch_size // world
+    return batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size, mini * skip_first, mini)
+
+
 def load_run(args: Args, rank: int, world: int, device: str):
     """What a run starts from, all checked before step 1: the checkpoint to resume and its state (or None), the
     questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
@@ -272,12 +279,8 @@ def load_run(args: Args, rank: int, world: int, device: str):
         if rank == 0 and (problem := checkpoint.write_problem(Path(args.out_dir))):  # a file, read-only, a full disk
             raise ValueError(f"--out-dir {args.out_dir}: cannot write there ({problem})")
         for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
-            local = flag == "--corpus" or Path(path).suffix in (".jsonl", ".json", ".parquet") or Path(path).exists()
-            if path and local and not Path(path).is_file():  # (a --train-data hub id is no path)
-                raise FileNotFoundError(f"{flag} {path}: not found" + (path == getattr(Args, flag[2:].replace(
-                    "-", "_"))) * ("; make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, "
-                                   "from the hub), pass --train-data FILE|HUB_ID and --corpus FILE, or try `python "
-                                   "scripts/spiral.py` (offline, a search world)"))
+            if problem := missing_input(flag, path, default=getattr(Args, flag[2:].replace("-", "_"))):
+                raise FileNotFoundError(problem)
         rows = load_questions(args.train_data)
         retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
@@ -423,10 +426,8 @@ def main(args: Args, rerun: str = ""):
             # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
             batch = collate(episodes, tokenizer.pad_token_id)
             with amp():
-                old_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size,
-                                      start=args.mini_batch_size // world)  # [B, T]; the first mini-batch: update's
-                ref_logp = batch_logp(ref_model(), batch, args.micro_batch_size, args.temperature, vocab_size) \
-                    if ref_model else None  # [B, T]
+                old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)  # [B, T] (1st: update's)
+                ref_logp = logp_pass(ref_model(), batch, args, vocab_size, world) if ref_model else None  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
             t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
@@ -436,7 +437,7 @@ def main(args: Args, rerun: str = ""):
             scheduler.step()
             # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm
             with amp():
-                new_logp = batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size)
+                new_logp = logp_pass(model, batch, args, vocab_size, world)
             metrics = {"step": step, **step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
                                                     grad_norms, stepped, lr, args), **ma_metrics, **probe(step)}
             history.append(metrics)

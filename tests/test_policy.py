@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
+import policy  # noqa: E402
 from data import DEMO_CORPUS  # noqa: E402
 from engine import hf_generator  # noqa: E402
 from policy import batch_logp, collate, enable_grad_ckpt, load_policy, response_logp, safetensors_problem  # noqa: E402
@@ -223,6 +224,29 @@ def _ratio_is_one(model, tok, temperature):
     # and the log-probs are those of the temperature-scaled policy: at T=1 they differ
     other = batch_logp(model, batch, 2, 1.0, len(tok))
     assert not torch.allclose(other * batch["loss_mask"], old * batch["loss_mask"])
+
+
+def test_the_log_prob_passes_use_the_updates_micro_batches(monkeypatch):
+    """batch_logp batched rows from row 0 of the whole batch while train.update restarts its micro-batches at each
+    mini-batch: with --mini-batch-size 6 and --micro-batch-size 4 the passes padded rows 4-7 together where the update
+    pads 4-5 and 6-7 apart, so the same weights gave other floats (4.8e-7 in a log-prob: the first mini-batch was not
+    exactly on-policy). Now every pass makes the update's micro-batches, and gives its floats."""
+    tok = build_tokenizer()
+    model = build_model(tok, seed=0)
+    generate = hf_generator(model, tok, max_new_tokens=12, temperature=1.0, top_p=1.0)
+    eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=4, max_turns=1,
+                  max_obs_tokens=40)
+    batch, made, real = collate(eps, tok.pad_token_id), [], policy.response_logp
+    monkeypatch.setattr(policy, "response_logp", lambda m, b, rows, *a, **kw: made.append(rows) or real(m, b, rows,
+                                                                                                         *a, **kw))
+    logp = batch_logp(model, batch, 4, 1.0, len(tok), mini_batch_size=6)
+    assert [(r.start, r.stop) for r in made] == [(0, 4), (4, 6), (6, 8)]  # train.update's, for 8 rows
+    update_own = torch.cat([real(model, batch, slice(a, b), 1.0, len(tok))[0] for a, b in ((0, 4), (4, 6), (6, 8))])
+    assert torch.equal(logp, update_own)  # exact: the same rows padded together, the same forward
+    made.clear()
+    skipped = batch_logp(model, batch, 4, 1.0, len(tok), start=6, mini_batch_size=6)  # train.py's old pass
+    assert [(r.start, r.stop) for r in made] == [(6, 8)] and skipped[:6].isnan().all()
+    assert torch.equal(skipped[6:], logp[6:])  # exact: the same forward
 
 
 def test_p18_load_policy_turns_dropout_off(tmp_path):
