@@ -113,6 +113,11 @@ class BM25Retriever:
             else:
                 index = BM25Okapi(tokenized, k1=k1, b=b)  # rank-bm25's default epsilon=0.25 floors negative idfs
         self.bm25 = index  # either engine: .get_scores(words) -> [D]
+        best = index.values.max() if isinstance(index, SparseBM25) else max(index.idf.values(), default=0.0)
+        if bm25 == "okapi" and not best > 0:  # NOTE(departure 2): only scores > 0 are hits, so none ever is
+            print(f"warning: --bm25 okapi finds no passage in this {len(corpus)}-passage corpus: rank-bm25's idf "
+                  "ln((N - df + 0.5) / (df + 0.5)) is <= 0 for every word (each is in half the passages or more); "
+                  "--bm25 lucene's is > 0", file=sys.stderr, flush=True)
 
     @classmethod
     def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto", cache_dir=CACHE_DIR,

@@ -147,6 +147,20 @@ def test_variants_and_their_errors(variant):
         BM25Retriever([])
 
 
+def test_okapi_on_a_corpus_where_it_can_find_nothing_says_so(capsys):
+    """rank-bm25's idf is <= 0 for a word in half the passages or more, so okapi on a one-passage corpus never found
+    anything, without a word. It still finds nothing (rank-bm25's scores, departure 2), and says why once."""
+    one = [{"id": "0", "contents": "Paris is the capital of France."}]
+    for engine in ("rank_bm25", "sparse"):
+        assert BM25Retriever(one, bm25="okapi", engine=engine).search(["Paris"], 3) == [[]]
+        assert capsys.readouterr().err == (
+            "warning: --bm25 okapi finds no passage in this 1-passage corpus: rank-bm25's idf ln((N - df + 0.5) / (df "
+            "+ 0.5)) is <= 0 for every word (each is in half the passages or more); --bm25 lucene's is > 0\n")
+    assert [h["document"]["id"] for h in BM25Retriever(one).search(["Paris"], 3)[0]] == ["0"]
+    BM25Retriever(TOY, bm25="okapi")
+    assert capsys.readouterr().err == ""  # a corpus where it can find something: no line
+
+
 # --- CLI -------------------------------------------------------------------------------------------------------------
 
 
