@@ -21,13 +21,7 @@ when every token of a response has the same advantage, as here) is the code's US
 clips the sequence ratio with the PPO clip_ratio 0.2 (ppo_trainer.yaml line 34; the script does not override it), far
 wider than the GSPO paper's 3e-4 / 4e-4 (its Sec. 5.1): pass clip_eps=3e-4, clip_eps_high=4e-4 for those.
 
-Metrics, ours -> the code's (dp_actor.py lines 441, 448-451): grpo/pg_loss -> actor/pg_loss, grpo/clip_frac ->
-actor/pg_clipfrac, grpo/ppo_kl -> actor/ppo_kl, grpo/entropy -> actor/entropy_loss, grpo/kl -> actor/kl_loss. Per token
-they are the same quantities for both losses: clip_frac is the share of loss-mask tokens where the clipped branch is
-strictly larger (lines 196, 314), ppo_kl the mean of old_logp - logp over them (lines 190, 316; per token for GSPO
-too). The code averages its micro-batch means with equal weight; train.py weights them by token count, so a logged
-value is the exact mean over the mini-batch's tokens (as departure 2). grpo/ratio_mean and grpo/ratio_max (of the ratio
-the loss used: r_t or s_i) have no official counterpart.
+Metrics, ours -> the code's: docs/training.md (Outputs).
 
 Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
   1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (P4: Search-R1 pools
@@ -240,7 +234,7 @@ def grpo_loss(
     gradient pulls logp toward ref_logp). policy_loss: "ppo-clip" (token ratio r_t, aggregated by `agg`) or "gspo"
     (sequence ratio s_i,t, always seq-mean-token-mean; entropy and KL still use `agg`, as the code). The clip range is
     [1 - clip_eps, 1 + clip_eps_high]; clip_eps_high None means clip_eps (the code's symmetric clip). metrics are
-    detached floats under "grpo/" (the module docstring maps them to the code's). num_tokens / num_seqs / norm_len: see
+    detached floats under "grpo/" (docs/training.md maps them to the code's). num_tokens / num_seqs / norm_len: see
     `aggregate` (pass the mini-batch totals when micro-batching). Computed in float32 whatever the log-probs' dtype,
     with masked slots set to 0 first (departure 5). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and
     entropy are [B, T] and adv is [B] or [B, T], or on unknown names.

@@ -53,17 +53,7 @@ Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f6
   6. llds/answer_prob_min leaves out responses without an answer span (the code averages +inf in for each of them;
      see official_metrics).
 
-Our keys -> the official code's (dp_actor.py line), to overlay our curves on a run of the authors' code:
-  llds/penalty              actor/loss_noreduce / lambda (:396, :430, --llds-norm code); lambda: loss_noreduce_coef
-  llds/active_per_response  actor/mean_reduce_chunk (:383; action gate: activated actions per A >= 0 response)
-  llds/pos_avg_old_logp     actor/pos_avg_old_log_prob (:418-419), likewise neg_ (:420-421)
-  llds/pos_avg_ref_logp     actor/pos_avg_ref_log_prob (:423-424), likewise neg_ (:425-426)
-  llds/answer_tokens        actor/num_answer_mask (:398-401)      } the code logs these as 0 unless MASK_ANS=true;
-  llds/answer_frac          actor/is_answer_mask (:400-402)       } ours are always measured. answer_prob_* use the
-  llds/answer_prob_mean     actor/lowest_prob_avg_mean (:404-409) } policy after the step's updates, the code the one
-  llds/answer_prob_min      actor/lowest_prob_avg_min (:410-415)  } before its last optimizer step
-  llds/answer_weight        actor/answer_weight (:361-366, --llds-ma code/fixed); llds/ma_beta = min(it, lambda)/lambda
-  rollout/valid_searches_per_traj  env/number_of_valid_search (ray_trainer.py compute_data_metrics)
+Our metric keys -> the official code's: docs/training.md (Outputs).
 
 Run `python llds.py` for a demo on toy tensors.
 """
