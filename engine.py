@@ -1,48 +1,18 @@
 """Decoding engines for rollout's `generate(contexts) -> new ids` seam, chosen by train.py/evaluate.py `--generator`.
 
-All three keep rollout.py's departures 6-8 (ids beyond the tokenizer never sampled, a turn stops at its first </search>
-or </answer>, sampling by temperature and top_p only). `hf` (`hf_generator`) is Hugging Face's `model.generate` with one
-GenerationConfig; it re-prefills each row's whole context (prompt + all earlier actions and observations) every turn,
-and a call decodes until its longest row stops: rows that stopped keep their slot as padding. `hf-kv`
-(`kv_generator`) keeps each call's KV cache (transformers' DynamicCache) of gen_batch_size rows from one turn to the
-next: the next turn feeds only what the row does not have cached (the last sampled token, the observation or
-invalid-action message). `cb` (`cb_generator`, the default) is our own decode loop over at most gen_batch_size slots
-(continuous batching): a row that stops leaves its slot at once and the next waiting row is prefilled into it, and
-each row's KV is kept across turns as hf-kv's is. Figures: docs/scaling.md ("Generation engines").
-
-How hf-kv extends a cached row (n rows of a call, W cached positions, P the longest new piece): the cache holds
-W = sequences.shape[1] - 1 positions a row (the last sampled token has no KV yet), `tokens`, `mask` [n, W] say what.
-The row's cached real tokens that prefix its next context are kept; later positions (a tail `cut_turn` dropped, HF's
-padding after the row stopped) are masked to 0 and stay as holes; the rest of the context is left-padded to P and fed
-after position W. Position ids are HF's (the mask's cumsum), so the logits are the re-prefilled path's up to float
-rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (a rounding
-difference at a top-p boundary can move one sample, not the distribution).
-
-Departures of hf-kv from hf (the ids kept and the sampling are the same: departures 6-8 hold):
-  1. Rows keep the call they started in: stopped rows leave it (DynamicCache.batch_select_indices), calls are never
-     merged or refilled, so with more rows than gen_batch_size they hold other rows than hf's (other sampled ids).
-  2. Memory: every call's cache is kept until the rollout ends: up to rows / gen_batch_size times the one call the
-     memory plan sizes (but no re-prefill peak). Holes are not reclaimed: a cache is as wide as its call's widest row.
-  3. Contexts are matched to cached rows in order (rollout keeps its rows' order and only drops finished ones); a
-     context that extends no cached row starts a fresh set of calls (a new rollout), as hf would.
-
-How cb runs a turn (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV heads):
-  * each running row is compact and right-aligned: its cached ids are its last columns of the cache [n, H, W, Dh]
-    (left padding masked), its ids (context + sampled so far) the last ones of `seq` [n, S];
-  * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample (softmax + multinomial)
-    or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at
-    once (the columns only it used go too); the others decode one token at position = their count of cached ids;
-  * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV, each row compacted
-    (torch.gather) and joined on the left-padded cache, with room for the steps left (`_roomy_layer`: in place).
-Departures of cb from hf (the ids kept and the sampling distribution are the same: departures 6-8 hold):
-  1. Rows share forward passes with other rows than in hf's calls: under one seed other sampled ids than hf's (the
-     same distribution), greedy ids equal up to float rounding (tests/test_engine.py). No padding in returned ids.
-  2. Memory: a row's KV outlives its turn only if no waiting row needs its slot, and rows holding KV are admitted
-     first, so at most batch_size rows hold KV at once, as the memory plan sizes them; other rows re-prefill.
-  3. Processors see each row's ids left-padded to the longest running row, and rows join and leave between steps:
-     an extra processor must be a function of each row's ids and scores. Sliding-window caches: ValueError.
-
-Run `python engine.py` for a demo: greedy turns of a tiny random model, the three engines, the same ids (seconds).
+Each samples a turn y ~ pi_theta(. | context) token by token from softmax(logits / temperature), cut to the top_p
+nucleus, until the first EOS, </search> or </answer>; all three keep departures 6-8 (docs/departures.md: ids beyond the
+tokenizer never sampled, a turn stops at its first tag, sampling by temperature and top_p only).
+  `hf` (`hf_generator`): Hugging Face's `model.generate` with one GenerationConfig; it re-prefills each row's whole
+      context (prompt + all earlier actions and observations) every turn, and a call decodes until its longest row
+      stops: rows that stopped keep their slot as padding.
+  `hf-kv` (`kv_generator`): the same calls, each call's KV cache (transformers' DynamicCache) of gen_batch_size rows
+      kept from one turn to the next, so a turn feeds only what the row does not have cached.
+  `cb` (`cb_generator`, the default): our own decode loop over at most gen_batch_size slots (continuous batching): a
+      row that stops leaves its slot at once and the next waiting row is prefilled into it; KV is kept across turns.
+hf-kv and cb sample from hf's distribution and keep a turn's ids as hf does; where they depart from it (which rows
+share a forward pass, what memory they hold): docs/departures.md, 22-27. Figures: docs/scaling.md ("Generation
+engines"). Run `python engine.py` for a demo: greedy turns of a tiny random model, the three engines, the same ids.
 """
 
 import collections
@@ -71,11 +41,11 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
     eos_ids.add(tokenizer.eos_token_id)
     pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
-    gen_cfg = GenerationConfig(
+    gen_cfg = GenerationConfig(  # NOTE(departure 8): temperature and top_p only (P17)
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),
-        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # departure 6 (P16)
+        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),  # NOTE(departure 7)
+        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # NOTE(departure 6) (P16)
     )
 
     def generate(contexts: list[list[int]]) -> list[list[int]]:
@@ -85,7 +55,7 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
             batch = contexts[i:i + batch_size]
             width = max(len(c) for c in batch)
             input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
-            # NOTE(departure): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
+            # NOTE(departure 3): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
             attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
             with torch.no_grad(), decode_attention(device):
                 ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
@@ -126,6 +96,14 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row that stopped early is padded to
     its call's longest row: `cut_turn` drops it), with generate.eos_ids (a frozenset), and generate.reset() to drop the
     kept caches (rollout need not call it: a context that extends no kept row starts afresh).
+
+    How a cached row is extended (n rows of a call, W cached positions, P the longest new piece): the cache holds
+    W = sequences.shape[1] - 1 positions a row (the last sampled token has no KV yet), `tokens`, `mask` [n, W] say what.
+    The row's cached real tokens that prefix its next context are kept; later positions (a tail `cut_turn` dropped, HF's
+    padding after the row stopped) are masked to 0 and stay as holes; the rest of the context is left-padded to P and
+    fed after position W. Position ids are HF's (the mask's cumsum), so the logits are the re-prefilled path's up to
+    float rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (a
+    rounding difference at a top-p boundary can move one sample, not the distribution).
     """
     base = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         do_sample=do_sample, batch_size=batch_size, logits_processor=logits_processor)
@@ -174,7 +152,7 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
 
     def generate(contexts: list[list[int]]) -> list[list[int]]:
         plan = match(contexts)
-        if plan is None:
+        if plan is None:  # NOTE(departure 24): a context that extends no kept row
             return fresh(contexts)
         out, device = [None] * len(contexts), next(model.parameters()).device
         for ci, call in enumerate(calls):
@@ -182,7 +160,7 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
             if not rows:  # every row of this call finished: free its cache
                 call["cache"] = None
                 continue
-            if len(rows) < len(call["tokens"]):  # NOTE: rows that finished leave; the call is never refilled
+            if len(rows) < len(call["tokens"]):  # NOTE(departure 22): finished rows leave; never refilled
                 call["cache"].batch_select_indices(torch.tensor([r for _, r in rows], device=device))
             tokens, mask, tails = [], [], []
             for j, r in rows:
@@ -196,7 +174,7 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
             call["contexts"] = [contexts[j] for j, _ in rows]
             for (j, _), new in zip(rows, run(call, tokens, mask), strict=True):
                 out[j] = new
-        calls[:] = [c for c in calls if c["cache"] is not None]
+        calls[:] = [c for c in calls if c["cache"] is not None]  # NOTE(departure 23): the others stay
         return out
 
     generate.eos_ids = base.eos_ids
@@ -267,13 +245,23 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                  do_sample: bool = True, batch_size: int = 64, logits_processor=None):
     """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves its slot at once
     and the next waiting row takes it (continuous batching); a row's KV is kept across turns while no waiting row needs
-    its slot (departure 2 of cb), so a later turn prefills only its new tokens.
+    its slot (departure 26), so a later turn prefills only its new tokens.
 
     Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where hf's would (its
     EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal hf's (up to float rounding:
-    tests/test_engine.py). A step: the module docstring's "How cb runs a turn".
+    tests/test_engine.py).
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, each ending at its stop (no padding),
     with generate.eos_ids (a frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
+
+    How a turn runs (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV heads):
+      * each running row is compact and right-aligned: its cached ids are its last columns of the cache [n, H, W, Dh]
+        (left padding masked), its ids (context + sampled so far) the last ones of `seq` [n, S];
+      * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample (softmax +
+        multinomial) or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or
+        max_new_tokens and leaves at once (the columns only it used go too); the others decode one token at position =
+        their count of cached ids;
+      * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV, each row compacted
+        (torch.gather) and joined on the left-padded cache, with room for the steps left (`_roomy_layer`: in place).
     """
     from transformers import DynamicCache, EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
     from transformers.cache_utils import DynamicLayer
@@ -288,7 +276,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     def make_cache(kv, room=0):
         """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room` (`_roomy_layer`)."""
         cache = DynamicCache(config=model.config)
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # NOTE(departure 27)
             raise ValueError("--generator cb needs full-attention layers (no sliding window): use --generator hf")
         cache.layers = [_roomy_layer(room) for _ in cache.layers]
         for layer, (keys, values) in zip(cache.layers, kv or []):
@@ -350,7 +338,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
         procs = _processors(gen_cfg, logits_processor, device)
         rows = [_Row(j, list(c)) for j, c in enumerate(contexts)]
         reuse(rows)
-        # NOTE(departure): rows holding KV go first, so that no more than batch_size rows hold KV (cb departure 2)
+        # NOTE(departure 26): rows holding KV go first, so that no more than batch_size rows hold KV
         waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
         run, cache, seq, logits, store = [], None, None, None, {}  # running rows; their cache, ids [n, S], [n, V]
         with torch.no_grad(), decode_attention(device):
@@ -368,7 +356,7 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                                     max(len(r.context) + len(r.new) for r in run + new), 1, pad)  # [n, S]
                     logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
                     run += new
-                scores = procs(seq, logits)  # [n, V]
+                scores = procs(seq, logits)  # [n, V]; NOTE(departure 27): seq left-padded
                 if do_sample:
                     nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
                 else:
@@ -379,12 +367,12 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
                     r.new.append(t)
                     if not (stop or len(r.new) == max_new_tokens):
                         keep.append(i)
-                    elif not waiting:  # NOTE(departure): no row needs the slot, so its KV is kept (cb 2)
+                    elif not waiting:  # NOTE(departure 26): no row needs the slot, so its KV is kept
                         n = r.cached()
                         store[r.out] = (r.context + r.new[:1], r.context + r.new[:-1],
                                         [(x.keys[i:i + 1, :, -n:].clone(), x.values[i:i + 1, :, -n:].clone())
                                          for x in cache.layers])  # [1, H, n, Dh] per layer
-                if len(keep) < len(run):  # NOTE(departure): stopped rows leave at once (cb 1; hf pads them)
+                if len(keep) < len(run):  # NOTE(departure 25): stopped rows leave at once (hf pads them)
                     run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
                     width = max((r.cached() for r in run), default=0)
                     cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])

@@ -1,10 +1,9 @@
 """GRPO: group-relative advantages and the clipped, KL-regularised policy loss, as the LLDS / Search-R1 code runs it.
 
-Paper: Deng et al., "On GRPO Collapse in Search-R1: The Lazy Likelihood-Displacement Death Spiral" (arXiv 2512.04220),
-v2 Eq. 1, and the official code (a veRL 0.1 fork; line numbers below are at its commit ab05c96): `core_algos.py`
-compute_grpo_outcome_advantage / compute_policy_loss (lines 164-197) / compute_policy_loss_gspo (257-318) / kl_penalty,
-and `dp_actor.py` update_policy. Letters: B = sequences (= prompts x G), G = group size, T = response tokens, V = vocab.
-Masks are float [B, T]: 1 on tokens the policy generated, 0 on prompt, retrieved passages and padding.
+Deng et al., arXiv 2512.04220, v2 Eq. 1, as the official code (a veRL 0.1 fork; line numbers at its commit ab05c96)
+computes it: core_algos.py compute_grpo_outcome_advantage / compute_policy_loss (lines 164-197) /
+compute_policy_loss_gspo (257-318) / kl_penalty, and dp_actor.py update_policy. B = sequences (= prompts x G),
+G = group size, T = response tokens; masks are float [B, T], 1 on tokens the policy generated, 0 elsewhere.
 
     A_i    = (r_i - mean(r_group)) / (std(r_group) + 1e-6)                                  -> group_advantages
     r_t    = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp), capped at 100              -> ppo_ratio ("ppo-clip")
@@ -13,34 +12,10 @@ Masks are float [B, T]: 1 on tokens the policy generated, 0 on prompt, retrieved
     L_pg   = agg( max(-A * r, -A * clip(r, 1 - eps, 1 + eps_high)) ),  r = r_t or s_i,t     Eq. 1 (sign flipped: a loss)
     L      = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))        dp_actor.py
 
-"ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., "Group Sequence Policy
-Optimization", arXiv 2507.18071, Sec. 4.3, its GSPO-token form, whose gradient (Eq. 18) is GSPO's (Eq. 11)
-when every token of a response has the same advantage, as here) is the code's USE_GSPO=true branch
-(dp_actor.py lines 330-341), for the paper's GSPO rows. eps_high > eps is DAPO's "clip-higher" (Yu et al., arXiv
-2503.14476, Sec. 3.1); the code has eps_high = eps for both losses (core_algos.py lines 193, 283-284), and its GSPO
-clips the sequence ratio with the PPO clip_ratio 0.2 (ppo_trainer.yaml line 34; the script does not override it), far
-wider than the GSPO paper's 3e-4 / 4e-4 (its Sec. 5.1): pass clip_eps=3e-4, clip_eps_high=4e-4 for those.
-
-Metrics, ours -> the code's: docs/training.md (Outputs).
-
-Departures from the official code (each is a bug fix or a guard; the defaults otherwise match it):
-  1. Groups are keyed by a per-prompt id from the rollout, never by the dataset row index (P4: Search-R1 pools
-     NQ row i with HotpotQA row i).
-  2. "token-mean" divides by the token count of the whole optimizer mini-batch, passed in as `num_tokens`, so
-     splitting a mini-batch into micro-batches does not change the gradient (P14; the code divides per micro-batch).
-     Likewise GSPO's seq-mean-token-mean divides by the mini-batch's row count `num_seqs` (the code: per micro-batch,
-     then / grad_accum; the same for equal micro-batches, except that it leaves rows without a loss token out of the
-     count).
-  3. A group whose rewards are all equal gets advantage exactly 0 even for non-binary rewards (the code's float mean
-     can leave a 1e-17 residue that the 1e-6 denominator blows up to 1e-11).
-  4. The PPO log-ratio and the k3 log-ratio are clamped to [-20, 20] before exp (as current veRL does), so neither
-     overflows to inf and turns the backward pass into NaN (P15). The code's ratio cap at 100 (line 189) is kept on top,
-     so loss and gradient equal the code's (within e^-20 per token) wherever the code's are finite.
-  5. The loss is formed in float32 whatever the dtype of the log-probs (an fp16 exp overflows past ~11 nats, and the
-     cap's zero gradient times inf is NaN), and masked slots are set to 0 before any arithmetic, so a -inf log-prob on
-     padding cannot make the loss NaN (0 * inf). Where the code's values are finite, ours are the same.
-
-Run `python grpo.py` for a demo on toy tensors.
+"ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., arXiv 2507.18071) is the code's
+USE_GSPO=true branch, for the paper's GSPO rows; eps_high > eps is DAPO's "clip-higher" (docs/departures.md, "Loss
+options"). Departures from the official code (each a bug fix or a guard; the defaults otherwise match it):
+docs/departures.md, 11-15. The metrics' official keys: docs/training.md. Run `python grpo.py` for a demo on toy tensors.
 """
 
 import torch
@@ -55,7 +30,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6, 
     rewards: [B] float; group_ids: length-B list of hashables (or a [B] tensor / array of ids) naming the *prompt* each
     trajectory answers (P2-P4). Returns adv [B]. std is the unbiased (N-1) estimator, as torch.std in the code. A group
     of size 1 uses mean 0 and std 1 (veRL), so its advantage is the raw reward. A group whose rewards are all equal
-    gets exactly 0 (departure 3). `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the
+    gets exactly 0 (departure 13). `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the
     lengths differ.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
@@ -73,7 +48,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6, 
             mean, std = r.mean(), r.std()  # unbiased, as the code
         a = (r - mean) / (std + eps) if scale else r - mean
         if r.numel() > 1 and bool((r == r[0]).all()):
-            a = torch.zeros_like(r)  # departure 3: equal rewards carry no signal, exactly
+            a = torch.zeros_like(r)  # NOTE(departure 13): equal rewards carry no signal, exactly
         adv[gid == g] = a
     return adv
 
@@ -96,10 +71,10 @@ def kl_k2(logp, ref_logp):
 def kl_k3(logp, ref_logp):
     """k3 ("low_var_kl") = exp(ref - logp) - (ref - logp) - 1 >= 0, clamped to [-10, 10] as the code does.
 
-    The log-ratio is clamped to [-20, 20] first (departure 4) so exp never overflows. Used in the loss, its gradient is
+    The log-ratio is clamped to [-20, 20] first (departure 14) so exp never overflows. Used in the loss, its gradient is
     a biased estimate of the reverse-KL gradient (P15b); it is the official default.
     """
-    log_ratio = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)  # float32: in fp16 exp overflows past ~11 nats
+    log_ratio = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)  # NOTE(departure 14); float32: departure 15
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
@@ -110,7 +85,7 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_k3}
 
 
 def _token_mean(x, mask, num_tokens, num_seqs, norm_len):
-    # NOTE(departure): num_tokens is the mini-batch's count; Search-R1 divides by each micro-batch's own (P14)
+    # NOTE(departure 12): num_tokens is the mini-batch's count; Search-R1 divides by each micro-batch's own (P14)
     return (x * mask).sum() / num_tokens  # every unmasked token of the mini-batch weighs the same
 
 
@@ -158,10 +133,10 @@ PPO_RATIO_MAX = 100.0  # the code caps the token ratio here (core_algos.py line 
 def ppo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Token ratio r_t = exp(logp - old_logp), capped at 100 as compute_policy_loss does (core_algos.py lines 186-189).
 
-    logp, old_logp, mask: [B, T] -> [B, T]. The log-ratio is clamped to [-20, 20] first (departure 4): the code's
+    logp, old_logp, mask: [B, T] -> [B, T]. The log-ratio is clamped to [-20, 20] first (departure 14): the code's
     exp overflows to inf beyond ~88 nats, and the cap's zero gradient times inf is NaN. `mask` is unused (per token).
     """
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T] departure 4
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T] NOTE(departure 14)
     return log_ratio.exp().clamp(max=PPO_RATIO_MAX)  # [B, T] above 100: constant, gradient 0 (the code's cap)
 
 
@@ -170,8 +145,9 @@ def gspo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -
 
     logp, old_logp, mask: [B, T] -> [B, T]; i -> row, t -> column, y_i -> the row's mask-1 tokens (an empty row gets
     s_i = 1). Every token of row i carries the value s_i and the gradient s_i * grad logp_t, so under
-    seq-mean-token-mean the gradient is that of the sequence-level GSPO objective. log s_i,t is clamped at <= 10 (no
-    lower bound), as core_algos.py compute_policy_loss_gspo lines 291-301 (commit ab05c96) do.
+    seq-mean-token-mean the gradient is that of the sequence-level GSPO objective (GSPO paper, Sec. 4.3: GSPO-token's
+    gradient, Eq. 18, is GSPO's, Eq. 11, when every token of a response has the same advantage, as here). log s_i,t
+    is clamped at <= 10 (no lower bound), as core_algos.py compute_policy_loss_gspo lines 291-301 (commit ab05c96) do.
     """
     log_s = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
     log_st = logp - logp.detach() + log_s.detach()  # [B, T] value log s_i, gradient that of logp_t (straight-through)
@@ -236,7 +212,7 @@ def grpo_loss(
     [1 - clip_eps, 1 + clip_eps_high]; clip_eps_high None means clip_eps (the code's symmetric clip). metrics are
     detached floats under "grpo/" (docs/training.md maps them to the code's). num_tokens / num_seqs / norm_len: see
     `aggregate` (pass the mini-batch totals when micro-batching). Computed in float32 whatever the log-probs' dtype,
-    with masked slots set to 0 first (departure 5). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and
+    with masked slots set to 0 first (departure 15). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and
     entropy are [B, T] and adv is [B] or [B, T], or on unknown names.
     """
     check_shapes(logp, old_logp, adv, loss_mask, ref_logp=ref_logp, entropy=entropy)
@@ -247,7 +223,7 @@ def grpo_loss(
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     # float32 (an fp16 exp overflows past ~11 nats), and 0 on masked slots, so a -inf there cannot turn into NaN
-    logp, old_logp = masked_float(logp, mask), masked_float(old_logp.detach(), mask)
+    logp, old_logp = masked_float(logp, mask), masked_float(old_logp.detach(), mask)  # NOTE(departure 15)
     ref_logp = None if ref_logp is None else masked_float(ref_logp.detach(), mask)
     entropy = None if entropy is None else masked_float(entropy, mask)
     def agg_(x, mode=agg):
@@ -282,11 +258,11 @@ def grpo_loss(
     return loss, metrics
 
 
-# How train.update combines each metric of grpo_loss over the micro-batches (and ranks) of one optimizer mini-batch:
-# "sum" for terms already divided by the mini-batch's totals and for counts (their micro-batch parts add up), "max" for
-# maxima, and ("mean", w) for averages over the micro-batch's own units, which count w: the mini-batch's value is
-# sum(value * w) / sum(w), the exact mean whatever the split. A metric missing here stops train.update with an error,
-# so a new one cannot be combined the wrong way silently.
+# NOTE(departure 12): how train.update combines each metric of grpo_loss over the micro-batches (and ranks) of one
+# optimizer mini-batch: "sum" for terms already divided by the mini-batch's totals and for counts (their micro-batch
+# parts add up), "max" for maxima, and ("mean", w) for averages over the micro-batch's own units, which count w: the
+# mini-batch's value is sum(value * w) / sum(w), the exact mean whatever the split. A metric missing here stops
+# train.update with an error, so a new one cannot be combined the wrong way silently.
 REDUCE = {"grpo/pg_loss": "sum", "grpo/kl": "sum", "grpo/tokens": "sum", "grpo/ratio_max": "max",
           **{k: ("mean", "grpo/tokens") for k in ("grpo/clip_frac", "grpo/ppo_kl", "grpo/ratio_mean", "grpo/entropy")}}
 

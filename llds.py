@@ -1,60 +1,21 @@
 """LLDS: the likelihood-preserving regulariser of Deng et al., arXiv 2512.04220 (v2 Sec. 5.5, Eqs. 4, 5, 6, 9, 10).
 
 GRPO in tool-use RL lowers the likelihood of *correct* responses too ("lazy likelihood displacement"); once that starts,
-it feeds on itself and training collapses. LLDS watches, per token of every response with advantage >= 0, how far the
-current policy has moved below the rollout policy,
+it feeds on itself and training collapses. LLDS pulls back up the tokens of Y_pre = {i : A_i >= 0} that the update made
+rarer, wherever a whole action (or response) lost likelihood:
 
     Delta_{i,t,k} = log pi_old(y_{i,t,k} | .) - log pi_theta(y_{i,t,k} | .)      (> 0: the update made the token rarer)
-
-and, where a whole action (or response) has lost likelihood, pulls the tokens that lost it back up:
-
     L_LLDS = norm( sum_{i in Y_pre} sum_t 1[sum_k Delta_{i,t,k} > 0] * sum_k w_{i,t,k} * max(0, Delta_{i,t,k}) ) Eq. 4/5
     L_total = L_GRPO + lambda * L_LLDS                                                                           Eq. 6
 
-Symbols -> variables: i -> row, t -> action (`action_segments`), k -> token of the action; Delta -> `delta`; Y_pre =
-{i : A_i >= 0} -> `keep` (correct responses, and every response of an all-equal group, A = 0); w -> `weight`.
-An *action* is a maximal run of model tokens between two tool observations, i.e. one contiguous run of 1s in
-`loss_mask`, so `loss_mask` must be 0 on every observation token (tags and the invalid-action message included), or two
-turns merge into one action. The gate is detached (as dp_actor.py:382 detaches it): the gradient of lambda * L_LLDS is
-exactly -lambda / norm * grad(logp) on gated tokens with Delta > 0, and zero elsewhere, a pure likelihood pull.
-Delta is formed in float32 whatever the dtype of the log-probs: the gate sums hundreds of Deltas, and in bfloat16 (an
-8-bit mantissa) rounding would decide their sign.
-
-Variants (`gate=`): "action" (LLDS-A, v2 default, Eq. 4), "response" (Eq. 10, the v1 method), "token" (Eq. 9, no gate).
-Normalisation (`norm=`):
-  "code" (default; what produced the published numbers): the sum over gated tokens divided by *all* unmasked response
-      tokens of the batch, negative-advantage responses included (dp_actor.py:395-396, masked mean over the loss mask).
-  "paper": each variant as the paper typesets it. Action gate, Eq. 4: per response, divide by that response's token
-      count, then average over Y_pre: (1/|Y_pre|) sum_i 1/(sum_t |y_{i,t}|) sum_t ... . Response and token gates,
-      Eqs. 10 and 9: pool over the kept tokens, one denominator for the batch: 1/(sum_{i in Y_pre} sum_t |y_{i,t}|).
-      The two differ when Y_pre responses differ in length: pooling weighs every kept token alike, the per-response
-      mean weighs the tokens of short responses more.
-LLDS-MA (Eq. 5): pass `weight` = beta on the final answer span and 1 elsewhere; `ma_beta` gives beta under the official
-code's two settings ("code": MASK_ADAPTIVE=true; "fixed": MASK_ADAPTIVE=false, MASK_ANS=true) and the paper's schedule.
-
-Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61):
-  1. lambda is applied by the caller (train.py: loss = pg + lambda * llds), not inside the term; the code's answer
-     coefficient min(mask_weight, lambda) (dp_actor.py:367-371) is lambda * beta, so `weight` holds beta.
-  2. "code" normalisation divides by the *mini-batch's* unmasked token count (`num_tokens`) when the caller passes it,
-     so micro-batching does not change the gradient; the code divides by each micro-batch's own count, then by the
-     number of accumulation steps (dp_actor.py:396, 444), which weighs the tokens of short micro-batches more.
-  3. The gradient of max(0, Delta) at Delta == 0 exactly is 0 (torch.relu). The code's torch.maximum(0, Delta)
-     (dp_actor.py:374) splits a tie's gradient in half, so every gated token with Delta == 0 gets half the pull of a
-     token with Delta > 0: e.g. every Y_pre token of the token variant when pi_old is recomputed bit for bit
-     (on-policy); clamp(min=0) would give the full pull. Likewise the code's response gate is not detached
-     (dp_actor.py:390-391 overwrite only its > 0 entries with 1): a response whose Deltas sum to exactly 0 still sends
-     a gradient through that sum; ours sends none.
-  4. Metrics are exact means over each optimizer mini-batch (every micro-batch, every rank: the same values however
-     the mini-batch is split, see REDUCE), then averaged over the step's mini-batches; the code logs the value of the
-     *last* micro-batch of the last mini-batch, of one worker (dp_actor.py:366-431 assign `metrics[key] = ...`, where
-     the other metrics are appended and averaged).
-  5. Delta is 0 on masked slots before the gate sums it, so a -inf log-prob on padding (or a masked observation)
-     cannot make a response's sum NaN and switch its gate off (the code multiplies by the mask, -inf * 0 = NaN).
-  6. llds/answer_prob_min leaves out responses without an answer span (the code averages +inf in for each of them;
-     see official_metrics).
-
-Our metric keys -> the official code's: docs/training.md (Outputs).
-
+i -> row, t -> action (`action_segments`: a run of 1s in `loss_mask`), k -> token of the action; Delta -> `delta`,
+Y_pre -> `keep`, w -> `weight` (LLDS-MA, Eq. 5: beta on the final answer span, 1 elsewhere; `ma_beta`). The gate is
+detached (as dp_actor.py:382 detaches it): the gradient of lambda * L_LLDS is -lambda / norm * grad(logp) on gated
+tokens with Delta > 0, and zero elsewhere, a pure likelihood pull. Gates (`gate=`): "action" (LLDS-A, v2 default,
+Eq. 4), "response" (Eq. 10, the v1 method), "token" (Eq. 9, no gate). Normalisers (`norm=`): "code" (default; it
+produced the published numbers) divides by all unmasked response tokens; "paper" as Eqs. 4, 9, 10 typeset it.
+Also here: the paper's likelihood diagnostics (Eq. 2, Figs. 2, 5) and an alarm on the death spiral's phases (Sec. 5.1).
+Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61): docs/departures.md, 16-21.
 Run `python llds.py` for a demo on toy tensors.
 """
 
@@ -65,7 +26,8 @@ def action_segments(keep: torch.Tensor) -> torch.Tensor:
     """Number the maximal runs of 1s in each row: keep [B, T] (0/1) -> seg [B, T] long, 0 outside runs, 1..K inside.
 
     Source: the code's `chunk_sums_vectorized` (dp_actor.py:60-93), in vectorised form. A run starts where keep is 1
-    and the previous position is 0 (or the row starts), so every masked observation token ends the action before it.
+    and the previous position is 0 (or the row starts), so every masked observation token ends the action before it:
+    loss_mask must be 0 on every observation token (tags and the invalid-action message included), or two turns merge.
     """
     on = keep.bool()  # [B, T]
     prev = torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)  # [B, T] keep shifted right by one
@@ -168,16 +130,17 @@ def llds_loss(
         raise ValueError(f"weight {tuple(weight.shape)} must be [B, T] = {tuple(logp.shape)}, as logp")
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
-    # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign); float32, so that bf16 log-probs work, and
-    # 0 on masked slots, so a -inf log-prob there cannot become NaN (-inf * 0) in the gate's sums
+    # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign), in float32: in bf16 rounding would set
+    # the sign of the gate's sums of hundreds of Deltas;
+    # NOTE(departure 20): 0 on masked slots, so a -inf log-prob there cannot become NaN (-inf * 0) in the gate's sums
     delta = torch.where(mask > 0, old_logp.detach().float() - logp.float(), torch.zeros((), device=logp.device))
     keep = (adv >= 0).float() * mask  # [B, T] preserving set Y_pre (A >= 0), model tokens only (dp_actor.py:347, 378)
     g, n_on, n_units = GATES[gate](delta.detach(), keep)  # [B, T] gate, detached: it routes, it is not trained
     w = 1.0 if weight is None else weight
-    # NOTE(departure): relu, whose gradient at Delta == 0 is 0; the code's torch.maximum(0, Delta) gives half of it
-    # there (dp_actor.py:374) and clamp(min=0) all of it, so an ungated on-policy token would be pulled up
+    # NOTE(departure 18): relu, whose gradient at Delta == 0 is 0; the code's torch.maximum(0, Delta) gives half of
+    # it there (dp_actor.py:374) and clamp(min=0) all of it, so an ungated on-policy token would be pulled up
     pen = g * torch.relu(delta) * w * mask  # [B, T] max(0, Delta) on gated tokens only
-    # NOTE(departure): "code" divides by the mini-batch's num_tokens; the code by each micro-batch's own count
+    # NOTE(departure 17): "code" divides by the mini-batch's num_tokens; the code by each micro-batch's own count
     loss = NORMS[norm][gate](pen, keep, mask, num_tokens, num_pre, num_pre_tokens)
 
     n_keep = keep.sum().item()
@@ -194,10 +157,10 @@ def llds_loss(
     return loss, metrics
 
 
-# How train.update combines each llds_loss metric over micro-batches and ranks (as grpo.REDUCE): "sum" for values
-# divided by the mini-batch's totals (num_tokens, num_pre) and for counts, ("mean", w) for averages over the
-# micro-batch's own units (gate_rate: actions, responses or tokens of Y_pre; delta_mean, frac_tokens: Y_pre tokens),
-# weighted by their count w, so the mini-batch's value is the exact mean however it is split.
+# NOTE(departure 19): how train.update combines each llds_loss metric over micro-batches and ranks (as grpo.REDUCE):
+# "sum" for values divided by the mini-batch's totals (num_tokens, num_pre) and for counts, ("mean", w) for averages
+# over the micro-batch's own units (gate_rate: actions, responses or tokens of Y_pre; delta_mean, frac_tokens: Y_pre
+# tokens), weighted by their count w, so the mini-batch's value is the exact mean however it is split.
 REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/units": "sum", "llds/kept_tokens": "sum",
           "llds/gate_rate": ("mean", "llds/units"), "llds/delta_mean": ("mean", "llds/kept_tokens"),
           "llds/frac_tokens": ("mean", "llds/kept_tokens")}
@@ -208,7 +171,7 @@ REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/units"
 
 # schedule -> (V, mask_weight w, lambda, V_B) -> beta, the answer span's weight in the term, in [0, 1]. The code weighs
 # answer-span tokens by min(answer_weight, lambda) and the others by lambda, and we apply lambda outside the term
-# (departure 1), so its beta is min(answer_weight / lambda, 1); the paper gives beta itself. V: batch-mean valid
+# (departure 16), so its beta is min(answer_weight / lambda, 1); the paper gives beta itself. V: batch-mean valid
 # <search> calls per trajectory, counted as the code counts them (generation.py meta_info valid_search_stats: a
 # <search> in the final answer-only turn counts).
 MA_SCHEDULES = {
@@ -249,7 +212,7 @@ def ma_weight(mean_valid_searches: float, answer_mask: torch.Tensor, schedule: s
     1 there), 1 elsewhere; and its metrics llds/ma_beta and llds/answer_weight (the code's actor/answer_weight).
     mean_valid_searches: V, the batch mean of valid <search> calls per trajectory as the code counts them."""
     beta = ma_beta(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight)
-    return 1.0 + (beta - 1.0) * answer_mask, {
+    return 1.0 + (beta - 1.0) * answer_mask, {  # NOTE(departure 16): beta; lambda is the caller's
         "llds/ma_beta": beta,
         "llds/answer_weight": ma_answer_weight(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight)}
 
@@ -270,8 +233,8 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
     (share of responses with an answer span, :400-402), answer_prob_mean (mean of exp(logp) over all answer-span
     tokens, :404-409), answer_prob_min (the code's masked_min: each response's lowest answer-token probability,
     averaged over the responses that have an answer span, :410-415; the code also averages in +inf for each response
-    without one, which makes the logged value inf whenever one response has no answer: ours leaves them out). Both are
-    0.0 when no response has an answer span, as the code logs.
+    without one, which makes the logged value inf whenever one response has no answer: ours leaves them out,
+    departure 21). Both are 0.0 when no response has an answer span, as the code logs.
     """
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
@@ -290,7 +253,8 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
         "llds/answer_tokens": per_resp.mean().item(),
         "llds/answer_frac": (per_resp > 0).float().mean().item(),
         "llds/answer_prob_mean": ((prob * ans).sum() / ans.sum()).item() if has else 0.0,
-        # the code's verl_F.masked_min (torch_functional.py): each response's minimum, then the mean over responses
+        # NOTE(departure 21): the code's verl_F.masked_min (torch_functional.py): each response's minimum, then the
+        # mean over responses, here over those with an answer span only
         "llds/answer_prob_min": prob.masked_fill(ans == 0, float("inf")).amin(-1)[per_resp > 0].mean().item()
         if has else 0.0,
     })

@@ -2,49 +2,17 @@
 
 Source: Search-R1 `search_r1/llm_agent/generation.py` (run_llm_loop), `verl/utils/reward_score/qa_em.py` and
 `scripts/data_process/qa_search_train_merge.py` (prompt), as the LLDS paper (arXiv 2512.04220, v2 Sec. 3 and App. B.2.1)
-trains with them. A trajectory is (y_0, o_0, y_1, o_1, ..., y_T): model actions y_t and tool observations
-o_t. The model writes <think>...</think>, then <search> query </search> (we append "\n\n<information>top-k
-docs</information>\n\n") or <answer> ... </answer> (the trajectory ends). Anything else gets the invalid-action message.
-After `max_turns` such turns, one last generation runs with no search executed.
+trains with them. A trajectory is (y_0, o_0, y_1, o_1, ..., y_T): model actions y_t and tool observations o_t. The
+model writes <think>...</think>, then <search> query </search> (we append "\n\n<information>top-k
+docs</information>\n\n") or <answer> ... </answer> (the trajectory ends); anything else gets the invalid-action
+message. After `max_turns` such turns, one last generation runs with no search executed. The reward is r_i = EM(the
+last <answer> of the model's own actions, the golds); loss_mask is 1 on the tokens of the y_t, 0 on those of the o_t.
 
 Every row of a batch is one trajectory; the G trajectories of a prompt are contiguous and share `group_id`, a per-batch
-prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens.
-
-`rollout` takes its two engines as callables: `generate(contexts) -> new ids per context`, with `generate.eos_ids`
-(engine.py builds ours: HF generate, or our continuous-batching loop; a vLLM or SGLang engine is one more, and must keep
-departures 6-8: no ids beyond the tokenizer, stop at the first tag, sample by temperature and top_p only), and
-`search(queries, topk) -> hits per query` (retriever.BM25Retriever.search, RemoteRetriever.search). The model sees the
-hits as `format_passages` writes them; Episode.retrieved keeps the hits themselves (ids, contents, scores).
-
-Departures from Search-R1 (each fixes a bug listed in docs/pitfalls.md):
-  1. The trained ids are the sampled ids (P7): a turn is cut after its first </search> or </answer> *by token index*;
-     Search-R1 decodes, cuts the text and re-tokenizes, which changes the ids (" Pantom" has two tokenizations).
-  2. loss_mask is built while concatenating (P6): 1 on sampled tokens, 0 on every observation token, tags included (P5).
-  3. A turn that ends on EOS keeps the EOS token, with loss_mask 1, and lengths are tracked by position, never by
-     `ids != pad` (P9, P10: Qwen's pad and EOS can be the same id).
-  4. Observations are truncated on the *document text*, then wrapped, so </information> always survives (P12).
-  5. The reward reads the model's own actions only, last <answer> wins (P1); Search-R1 scores prompt + response and
-     needs >= 2 matches, but its prompt already holds two ("<answer> and </answer>" and "<answer> Beijing </answer>"),
-     so a trajectory that never answers is scored as "Beijing". Observations are not read either: the invalid-action
-     message contains "<answer> and </answer>" too.
-  6. Logits of ids the tokenizer does not have (Qwen2.5: lm_head 151,936 > 151,665 tokens) are masked (P16).
-  7. Generation stops at the first of </search> or </answer> (stop strings); Search-R1 generates 500 tokens and then
-     prefers </search> over an earlier </answer>. Kept tokens are identical whenever only one tag appears.
-  8. Sampling ignores the checkpoint's generation_config (Qwen ships top_k=20, repetition_penalty=1.05): only
-     temperature and top_p act, so the log-probs train.py computes are those of the sampling policy (P17).
-  9. em_check guards golds that normalise to "" (an article-only gold such as "The", P20): they are compared on their
-     lower-cased, whitespace-squashed text. Search-R1's qa_em.em_check (lines 37-47) compares normalised strings
-     only, so an empty or article-only prediction matches such a gold.
- 10. answer_mask marks the final <answer>...</answer> by the decoded lengths of prefixes of the sampled ids, whatever
-     its length; the LLDS code's _build_answer_mask (search_r1/llm_agent/generation.py:393-476) looks only at the last
-     50 tokens of the response and re-tokenizes the decoded text, so a longer answer span gets no mask there (P6).
-
-Counts, as the LLDS code keeps them (generation.py:254-349): num_turns = generation calls; num_valid_actions = turns
-whose text parses as <search> or <answer> (valid_action_stats); num_valid_searches = turns that parse as <search>,
-*including* one in the final answer-only turn, which is not executed (valid_search_stats, :295, :338, :515-520; the
-LLDS-MA schedule averages it, dp_actor.py:275-277); num_searches = searches actually executed (logging).
-
-Run `python rollout.py` for a demo of the reward and the observation format (seconds, no model); evaluate.py rolls
+prompt number (never a dataset row index, P4). Letters: B = prompts x G rows, T = response tokens. `rollout` takes its
+engine (`generate`, engine.py) and its `search` (retriever.py) as callables.
+Departures from Search-R1 (each fixes a bug listed in docs/pitfalls.md): docs/departures.md, 1-10; an engine must keep
+6-8. Run `python rollout.py` for a demo of the reward and the observation format (seconds, no model); evaluate.py rolls
 out a real model on real questions.
 """
 
@@ -97,7 +65,7 @@ def em_check(prediction: str | None, golden_answers) -> float:
     pred = normalize_answer(prediction)
     for gold in golds:
         g = normalize_answer(gold)
-        if g == "":  # NOTE(departure): P20 guard; Search-R1 would match an empty / article-only prediction here
+        if g == "":  # NOTE(departure 9): P20 guard; Search-R1 would match an empty / article-only prediction here
             if " ".join(prediction.lower().split()) == " ".join(gold.lower().split()) != "":
                 return 1.0
         elif pred == g:
@@ -111,7 +79,7 @@ def extract_answer(response_text: str) -> str | None:
     Departure 5 (P1): Search-R1 searches prompt + response and returns None unless there are >= 2 matches.
     """
     matches = ANSWER_RE.findall(response_text)
-    # NOTE(departure): last match of the response only; Search-R1 needs >= 2 over prompt + response (P1)
+    # NOTE(departure 5): last match of the response only; Search-R1 needs >= 2 over prompt + response (P1)
     return matches[-1].strip() if matches else None
 
 
@@ -181,7 +149,7 @@ def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
         if len(body) >= budget or len(prefix) == len(text):
             break
         n *= 2
-    # NOTE(departure): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses </information> (P12)
+    # NOTE(departure 4): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses </information> (P12)
     return head + body[:budget] + tail
 
 
@@ -232,7 +200,7 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
     """
     ended_on_eos = False
     for k, t in enumerate(new_ids):
-        if t in eos_ids:  # NOTE(departure): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
+        if t in eos_ids:  # NOTE(departure 3): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
             new_ids, ended_on_eos = new_ids[: k + 1], True
             break
 
@@ -240,7 +208,7 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
         return any(s in text for s in STOP_STRINGS)
 
     if new_ids and has_stop(tokenizer.decode(new_ids)):
-        # NOTE(departure): cut by token index, never decode + re-encode as Search-R1 does (P7)
+        # NOTE(departure 1): cut by token index, never decode + re-encode as Search-R1 does (P7)
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
     return new_ids, ended_on_eos
 
@@ -255,7 +223,7 @@ def answer_span(action_ids: list[int], tokenizer) -> list[int]:
     spans = list(ANSWER_RE.finditer(text))
     if not spans:
         return [0] * len(action_ids)
-    # NOTE(departure): the whole span by prefix lengths of the sampled ids; the LLDS code reads the last 50 tokens only
+    # NOTE(departure 10): the whole span, by prefix lengths of the sampled ids; the LLDS code reads the last 50 tokens
     start = spans[-1].start()
     first = _first_prefix(action_ids, tokenizer, lambda t: len(t) > start) - 1  # token holding the '<' of <answer>
     end = _first_prefix(action_ids, tokenizer, lambda t: len(t) >= spans[-1].end())  # tokens up to </answer>
@@ -268,7 +236,13 @@ def answer_span(action_ids: list[int], tokenizer) -> list[int]:
 
 @dataclass
 class Episode:
-    """One trajectory. response_ids = y_0 o_0 y_1 o_1 ... y_T exactly as sampled/appended; loss_mask aligned with it."""
+    """One trajectory. response_ids = y_0 o_0 y_1 o_1 ... y_T exactly as sampled/appended; loss_mask aligned with it.
+
+    Counts, as the LLDS code keeps them (generation.py:254-349): num_turns = generation calls; num_valid_actions = turns
+    whose text parses as <search> or <answer> (valid_action_stats); num_valid_searches = turns that parse as <search>,
+    *including* one in the final answer-only turn, which is not executed (valid_search_stats, :295, :338, :515-520; the
+    LLDS-MA schedule averages it, dp_actor.py:275-277); num_searches = searches actually executed (logging).
+    """
 
     question: str
     golden_answers: list
@@ -300,7 +274,7 @@ class Episode:
             kind = "action" if trained else "observation"
             raise ValueError(f"answer_mask {answer_mask} does not fit {len(ids)} {kind} ids")
         self.response_ids += ids
-        self.loss_mask += [int(trained)] * len(ids)  # NOTE(departure): built while concatenating, no regex (P6)
+        self.loss_mask += [int(trained)] * len(ids)  # NOTE(departure 2): built while concatenating, no regex (P6)
         self.answer_mask += answer_mask
 
 
@@ -326,7 +300,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
             raise ValueError(f"question row {i} needs 'question' and 'golden_answers'; has {sorted(row)}")
         prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer), add_special_tokens=False)
         for _ in range(group_size):  # contiguous groups (P3)
-            # NOTE(departure): group_id = position in this batch, not Search-R1's dataset index uid (P4)
+            # NOTE(departure 11): group_id = position in this batch, not Search-R1's dataset index uid (P4)
             episodes.append(Episode(row["question"], list(row["golden_answers"]), row.get("data_source", "unknown"),
                                     group_id=i, prompt_ids=prompt_ids))
 
@@ -340,12 +314,12 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
         queries = []
         for e, new in zip(active, outs, strict=True):
             ids, e.ended_on_eos = cut_turn(new, tokenizer, generate.eos_ids)
-            # NOTE(departure): the sampled ids themselves; Search-R1 re-encodes the text (P7)
+            # NOTE(departure 1): the sampled ids themselves; Search-R1 re-encodes the text (P7)
             e.append(ids, trained=True, answer_mask=answer_span(ids, tokenizer))
             e.num_turns += 1
             action_text = tokenizer.decode(ids)
             match = ACTION_RE.search(action_text)
-            # NOTE(departure): the answer is read from this model action only, never prompt + response (P1)
+            # NOTE(departure 5): the answer is read from this model action only, never prompt + response (P1)
             e.answer = extract_answer(action_text)  # departure 5: only the ending action can hold a full <answer>
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None

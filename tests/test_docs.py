@@ -73,3 +73,41 @@ def test_code_cites_no_internal_notes():
     hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in python_files() if p != Path(__file__).resolve()
             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not hits, "\n".join(hits)
+
+
+DEPARTURES = ROOT / "docs" / "departures.md"
+# a course copy (scripts/make_assignment.py leaves tests/course out) has the exercises' bodies blanked, their NOTE
+# comments with them, so the lines below them move; there, only the numbering is checked
+STUDENT_COPY = not (ROOT / "tests" / "course").is_dir()
+
+
+def departure_links() -> dict[int, list[tuple[str, int]]]:
+    """{N: [(file, line), ...]}: the numbered entries of docs/departures.md and the code lines each one links."""
+    entries, n = {}, None
+    for line in DEPARTURES.read_text(encoding="utf-8").splitlines():
+        if m := re.match(r"(\d+)\. ", line):
+            n = int(m.group(1))
+            entries[n] = []
+        elif line.startswith("#"):
+            n = None
+        if n is not None:
+            entries[n] += [(f, int(k)) for f, k in re.findall(r"\]\(\.\./([\w/]+\.py)#L(\d+)\)", line)]
+    return entries
+
+
+def test_each_departure_links_the_lines_that_carry_its_note():
+    """docs/departures.md numbers each departure once (1, 2, ...) and links the lines where it acts; each linked line
+    carries `NOTE(departure N)`, and each such NOTE in a linked file is linked from entry N."""
+    entries = departure_links()
+    assert len(entries) >= 20 and list(entries) == list(range(1, len(entries) + 1)), list(entries)
+    assert all(entries.values()), [n for n, links in entries.items() if not links]  # every entry links the code
+    if STUDENT_COPY:
+        return
+    linked = {(f, k, n) for n, links in entries.items() for f, k in links}
+    notes = set()
+    for path in sorted({f for f, _, _ in linked}):
+        for k, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1):
+            notes |= {(path, k, int(n)) for n in re.findall(r"NOTE\(departure (\d+)\)", line)}
+    wrong = [f"entry {n} links {f}#L{k}, which has no NOTE(departure {n})" for f, k, n in sorted(linked - notes)]
+    wrong += [f"{f}:{k} has NOTE(departure {n}), not linked from entry {n}" for f, k, n in sorted(notes - linked)]
+    assert not wrong, "docs/departures.md and the code's NOTE(departure N) lines disagree:\n" + "\n".join(wrong)
