@@ -256,7 +256,7 @@ def test_bad_generator_is_one_line(capsys):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# hf_generator: one GenerationConfig keeps rollout.py's departures 6-8 (the tests' scripted policy: test_rollout.py)
+# hf_generator: one GenerationConfig keeps departures 6-8 (the tests' scripted policy: test_rollout.py)
 
 
 def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
