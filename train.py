@@ -20,6 +20,7 @@ import math
 import re
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,10 @@ def parse_args(argv=None) -> Args:
             ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
     if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
         ap.error(f"--report-to {args.report_to}: {problem}")
+    if args.llds > 0 and args.prompts_per_step * args.group_size <= args.mini_batch_size:  # the LLDS arm of a
+        print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert (its Delta is 0 at an on-policy "
+              f"update); give --mini-batch-size < {args.prompts_per_step * args.group_size} (the trajectories a "
+              "step) for several updates a step (the paper: 10)", file=sys.stderr)  # comparison would equal plain GRPO
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False); "
                  "use --device cpu, or install a CUDA build of torch")

@@ -168,6 +168,17 @@ def test_device_cuda_without_cuda_is_a_parse_error(capsys):
     assert "--device cuda: this torch sees no CUDA device" in capsys.readouterr().err
 
 
+def test_llds_with_one_update_a_step_is_said_to_be_inert(capsys):
+    """A step of 16 trajectories in one optimizer step (--mini-batch-size 256, the default) makes every update
+    on-policy: Delta is 0, the gate never opens, and a --llds run equals plain GRPO (a real-model pair ran 10 identical
+    steps so). train.py says so at start-up; with two updates a step it says nothing."""
+    parse_args(["--llds", "0.2", "--prompts-per-step", "4", "--group-size", "4"])
+    assert "--llds 0.2 with one update a step: LLDS is inert" in capsys.readouterr().err
+    parse_args(["--llds", "0.2", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-size", "8"])
+    parse_args(["--llds", "0", "--prompts-per-step", "4", "--group-size", "4"])
+    assert capsys.readouterr().err == ""
+
+
 def test_prompts_per_step_above_the_question_count_is_an_error(files):
     """Today's main ran 6, 3 and 3 rows of a 3-question file while the log said 8 per step."""
     with pytest.raises(SystemExit, match="--prompts-per-step 8 is more than the 3 questions in"):
