@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 import checkpoint
@@ -35,13 +36,15 @@ from checkpoint import restore, save_checkpoint
 from data import load_questions, missing_input, next_prompts
 from engine import GENERATORS, diverged_sampling
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
-from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCE as GRPO_REDUCE, group_advantages, grpo_loss
-from llds import GATES, MA_SCHEDULES, NORMS, likelihood_diagnostics, lld_alarm, llds_loss, ma_weight, official_metrics
+from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
+from grpo import REDUCE as GRPO_REDUCE
+from llds import GATES, MA_SCHEDULES, NORMS, lld_alarm, llds_loss, ma_weight
+from llds import likelihood_diagnostics, official_metrics
 from llds import REDUCE as LLDS_REDUCE
 from memory import free_memory, memory_plan
 from probe import FixedProbe
-from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy, load_reference,
-                    reference_dtype, response_logp, save_reference)
+from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy,
+                    load_reference, reference_dtype, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import check_obs_budget, episode_stats, longest_prompt, rollout, rollout_metrics
@@ -113,31 +116,45 @@ class Args:
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
 
 
+NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef",
+                "llds", "llds_ma_weight", "probe_questions")
+COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
+          "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
+          "save_every", "keep_checkpoints", "probe_every")
 RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
-    **dict.fromkeys(("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef", "llds",
-                     "llds_ma_weight", "probe_questions"), (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps", "alarm_k",
-                     "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every", "save_every",
-                     "keep_checkpoints", "probe_every"), (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
+    **dict.fromkeys(NON_NEGATIVE, (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(COUNTS, (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
-    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"), "clip_eps_high": (lambda v: v > 0, "> 0"),
+    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "clip_eps_high": (lambda v: v > 0, "> 0"),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gen_batch_size": (lambda v: v == "auto" or v.isdecimal() and int(v) >= 1, "an integer >= 1 or auto"),
+    "gen_batch_size": (lambda v: v == "auto" or (v.isdecimal() and int(v) >= 1),
+                       "an integer >= 1 or auto"),
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
-    "policy_loss": tuple(POLICY_LOSSES), "kl_type": tuple(KL_ESTIMATORS), "loss_agg": tuple(AGGREGATIONS),
-    "llds_gate": tuple(GATES), "llds_norm": tuple(NORMS), "llds_ma": ("off", *MA_SCHEDULES), "bm25": BM25_VARIANTS,
-    "ref_dtype": ("auto", "bfloat16", "float32"), "amp": ("auto", "bf16", "off"),
-    "dtype": ("auto", "float32", "bfloat16"), "generator": tuple(GENERATORS), "report_to": ("off", *TRACKERS),
+    "policy_loss": tuple(POLICY_LOSSES),
+    "kl_type": tuple(KL_ESTIMATORS),
+    "loss_agg": tuple(AGGREGATIONS),
+    "llds_gate": tuple(GATES),
+    "llds_norm": tuple(NORMS),
+    "llds_ma": ("off", *MA_SCHEDULES),
+    "bm25": BM25_VARIANTS,
+    "ref_dtype": ("auto", "bfloat16", "float32"),
+    "amp": ("auto", "bf16", "off"),
+    "dtype": ("auto", "float32", "bfloat16"),
+    "generator": tuple(GENERATORS),
+    "report_to": ("off", *TRACKERS),
 }
 
 
 def parse_args(argv=None) -> Args:
     """argparse over the Args fields: --field-name VALUE for each, help from the field's comment, grouped by the
     `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     group, groups, docs = None, {}, {}
     for line in inspect.getsource(Args).splitlines():
         if m := re.fullmatch(r"    # --- (.+)", line):
@@ -160,12 +177,15 @@ def parse_args(argv=None) -> Args:
             ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
     if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
         ap.error(f"--report-to {args.report_to}: {problem}")
-    if args.llds > 0 and args.prompts_per_step * args.group_size <= args.mini_batch_size:  # the LLDS arm of a
-        print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert (its Delta is 0 at an on-policy "
-              f"update); give --mini-batch-size < {args.prompts_per_step * args.group_size} (the trajectories a "
-              "step) for several updates a step (the paper: 10)", file=sys.stderr)  # comparison would equal plain GRPO
+    per_step = args.prompts_per_step * args.group_size  # trajectories a step
+    if args.llds > 0 and per_step <= args.mini_batch_size:  # the LLDS arm of a comparison would equal plain GRPO
+        print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert "
+              f"(its Delta is 0 at an on-policy update); give --mini-batch-size < {per_step} "
+              "(the trajectories a step) for several updates a step (the paper: 10)",
+              file=sys.stderr)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False); "
+        ap.error(f"--device {args.device}: this torch sees no CUDA device "
+                 "(torch.cuda.is_available() is False); "
                  "use --device cpu, or install a CUDA build of torch")
     return args
 
@@ -179,11 +199,12 @@ def add_metrics(acc: dict, metrics: dict):
     KeyError for a metric REDUCE does not list."""
     for k, v in metrics.items():
         if k not in REDUCE:
-            raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE ('sum', 'max' or "
-                           "('mean', weight key))")
+            raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE "
+                           "('sum', 'max' or ('mean', weight key))")
         how = REDUCE[k]
         if isinstance(how, tuple) and how[1] not in metrics:
-            raise KeyError(f"metric {k!r} is a mean weighted by {how[1]!r}, which the same metrics lack: return both")
+            raise KeyError(f"metric {k!r} is a mean weighted by {how[1]!r}, "
+                           "which the same metrics lack: return both")
         if how == "max":
             acc[k] = max(acc.get(k, v), v)
         else:
@@ -201,17 +222,19 @@ def mean_metrics(acc: dict) -> dict:
     return out
 
 
-def llds_ma_weight(episodes, answer_mask: torch.Tensor, args: Args) -> tuple[torch.Tensor | None, dict]:
+def llds_ma_weight(episodes, answer_mask: torch.Tensor,
+                   args: Args) -> tuple[torch.Tensor | None, dict]:
     """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of Episode.num_valid_searches over
     every rank's trajectories (dp_actor.py:275-277); (None, {}) with --llds-ma off."""
     if args.llds_ma == "off":
         return None, {}
     n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
-    return ma_weight(total / n, answer_mask, args.llds_ma, lam=args.llds, mask_weight=args.llds_ma_weight)
+    return ma_weight(total / n, answer_mask, args.llds_ma,
+                     lam=args.llds, mask_weight=args.llds_ma_weight)
 
 
-def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int, mini_batch_size: int,
-           amp=contextlib.nullcontext()):
+def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int,
+           mini_batch_size: int, amp=contextlib.nullcontext()):
     """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
 
     batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
@@ -229,9 +252,11 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     for m0 in range(0, B, mini_batch_size):
         mini = slice(m0, min(m0 + mini_batch_size, B))
         pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)  # [b] Y_pre responses with a model token
-        num_tokens, num_pre, num_seqs = all_reduce([loss_mask[mini].sum(), pre.sum(), mini.stop - mini.start])
+        counts = [loss_mask[mini].sum(), pre.sum(), mini.stop - mini.start]
+        num_tokens, num_pre, num_seqs = all_reduce(counts)  # over ranks
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
-        num_pre_tokens = max(all_reduce([(loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()])[0], 1.0)  # Eqs. 9, 10
+        pre_tokens = (loss_mask[mini] * (adv[mini] >= 0)[:, None]).sum()  # Eqs. 9, 10
+        num_pre_tokens = max(all_reduce([pre_tokens])[0], 1.0)
         mb, loss_sum = {}, 0.0  # this mini-batch's metrics and loss (this rank's part)
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
@@ -239,16 +264,20 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
             def dev(x, rows=rows):  # this micro-batch's rows of a [B, ...] tensor (or None), on the model's device
                 return None if x is None else x[rows].to(device)
             with amp:
-                logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size, with_entropy=True)
+                logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size,
+                                              with_entropy=True)
                 if m0 == 0 and old_logp[rows].isnan().all():  # left by batch_logp's start: the rollout policy's
                     old_logp[rows] = logp.detach().to(old_logp.device, old_logp.dtype)
-                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask), entropy=entropy,
-                                     policy_loss=args.policy_loss, clip_eps=args.clip_eps,
-                                     clip_eps_high=args.clip_eps_high, kl_coef=args.kl_coef, kl_type=args.kl_type,
-                                     entropy_coef=args.entropy_coef, agg=args.loss_agg, num_tokens=num_tokens,
-                                     num_seqs=int(num_seqs))
-                reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask), gate=args.llds_gate,
-                                        norm=args.llds_norm, weight=dev(weight), num_tokens=num_tokens, num_pre=num_pre,
+                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask),
+                                     entropy=entropy, entropy_coef=args.entropy_coef,
+                                     policy_loss=args.policy_loss, agg=args.loss_agg,
+                                     clip_eps=args.clip_eps, clip_eps_high=args.clip_eps_high,
+                                     kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                     num_tokens=num_tokens, num_seqs=int(num_seqs))
+                reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask),
+                                        gate=args.llds_gate, norm=args.llds_norm,
+                                        weight=dev(weight),
+                                        num_tokens=num_tokens, num_pre=num_pre,
                                         num_pre_tokens=num_pre_tokens)
                 loss = pg + args.llds * reg  # Eq. 6
             loss.backward()
@@ -256,7 +285,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
             add_metrics(mb, {**m_pg, **m_llds})
         keys = sorted(mb)  # the same keys on every rank: sum the partial sums and weighted sums, max the maxima
         sums, maxes = all_reduce([mb[k] for k in keys]), all_reduce([mb[k] for k in keys], "max")
-        per_mini.append(mean_metrics({k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)}))
+        reduced = {k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)}
+        per_mini.append(mean_metrics(reduced))
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
         loss_sum = all_reduce([loss_sum])[0]  # every rank takes the same decision
@@ -269,37 +299,45 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
     return per_mini, grad_norms, stepped
 
 
-def logp_pass(model, batch, args: Args, vocab_size: int, world: int, skip_first: bool = False) -> torch.Tensor:
+def logp_pass(model, batch, args: Args, vocab_size: int, world: int,
+              skip_first: bool = False) -> torch.Tensor:
     """policy.batch_logp [B, T] in the update's own micro-batches, which restart at each of this rank's mini-batches
     (the same rows padded together: the same floats); skip_first: the first mini-batch's rows NaN (`update` fills)."""
     mini = args.mini_batch_size // world
-    return batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size, mini * skip_first, mini)
+    skip = mini if skip_first else 0  # rows left NaN, for `update` to fill
+    return batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size, skip, mini)
 
 
 def load_run(args: Args, rank: int, world: int, device: str):
     """What a run starts from, all checked before step 1: the checkpoint to resume and its state (or None), the
     questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
+    out_dir = Path(args.out_dir)
     try:
-        ckpt, state, clear = checkpoint.open_run(Path(args.out_dir), args.resume, args.overwrite, warn=print0)
-        if rank == 0 and (problem := checkpoint.write_problem(Path(args.out_dir))):  # a file, read-only, a full disk
+        ckpt, state, clear = checkpoint.open_run(out_dir, args.resume, args.overwrite, warn=print0)
+        if rank == 0 and (problem := checkpoint.write_problem(out_dir)):  # a file, read-only, a full disk
             raise ValueError(f"--out-dir {args.out_dir}: cannot write there ({problem})")
-        for flag, path in (("--train-data", args.train_data), ("--corpus", "" if args.retriever_url else args.corpus)):
-            if problem := missing_input(flag, path, default=getattr(Args, flag[2:].replace("-", "_"))):
+        corpus = "" if args.retriever_url else args.corpus  # "": a --retriever-url server needs no corpus file
+        for flag, path in (("--train-data", args.train_data), ("--corpus", corpus)):
+            default = getattr(Args, flag[2:].replace("-", "_"))
+            if problem := missing_input(flag, path, default=default):
                 raise FileNotFoundError(problem)
         rows = load_questions(args.train_data)
-        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
+        retriever = make_retriever(args.corpus, args.retriever_url,
+                                   timeout=args.retriever_timeout, bm25=args.bm25)
         if args.prompts_per_step > len(rows):
-            raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the {len(rows)} questions in "
-                             f"{args.train_data}: each step takes that many distinct questions")
+            raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the "
+                             f"{len(rows)} questions in {args.train_data}: "
+                             "each step takes that many distinct questions")
         dtype = "float32" if args.dtype == "auto" else args.dtype  # fp32 master weights; bf16 passes: --amp or FSDP
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
         args.ref_dtype = reference_dtype(args.ref_dtype, device)  # before the run's config is written
         check_obs_budget(tokenizer, args.max_obs_tokens)
-        prompt_tokens = longest_prompt(tokenizer, rows, getattr(model.config, "max_position_embeddings", None) or 1e9)
+        max_positions = getattr(model.config, "max_position_embeddings", None) or 1e9
+        prompt_tokens = longest_prompt(tokenizer, rows, max_positions)
         if rank == 0:
-            checkpoint.prepare_out_dir(Path(args.out_dir), clear, dataclasses.asdict(args))
+            checkpoint.prepare_out_dir(out_dir, clear, dataclasses.asdict(args))
             if args.ref_offload and args.kl_coef != 0.0:  # the reference, written once in --ref-dtype
-                save_reference(args.model, args.ref_dtype, tokenizer, Path(args.out_dir) / ".ref")
+                save_reference(args.model, args.ref_dtype, tokenizer, out_dir / ".ref")
 
         def reference(offload_dir=None):  # the frozen initial policy (--model, also when resuming) for the KL term
             ref = load_reference(args.model, args.ref_dtype, device, offload_dir)
@@ -307,144 +345,186 @@ def load_run(args: Args, rank: int, world: int, device: str):
         kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
 
         def ref_model():  # the reference for one pass: the kept one, or read back from --ref-offload's folder
-            return kept if kept is not None else reference(Path(args.out_dir) / ".ref")
-        bf16 = (args.fsdp and "cuda" in device) or isinstance(autocast(args.amp, device, args.dtype)(), torch.autocast)
+            return kept if kept is not None else reference(out_dir / ".ref")
+        amp = autocast(args.amp, device, args.dtype)  # one process's passes (FSDP's bf16 is its own)
+        bf16 = (args.fsdp and "cuda" in device) or isinstance(amp(), torch.autocast)
         least_free = -all_reduce([-free_memory(device)], "max")[0]  # every rank plans for the least free memory
-        rank_rows = -(-args.prompts_per_step // world) * args.group_size  # trajectories per rank and step
+        rank_rows = math.ceil(args.prompts_per_step / world) * args.group_size  # trajectories per rank and step
         args.gen_batch_size, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # the plan's choices
-            model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world, rows=rank_rows,
+            model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world,
+            rows=rank_rows, prompt_tokens=prompt_tokens,
             update=(args.micro_batch_size, args.grad_ckpt),
-            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens), prompt_tokens=prompt_tokens)
-        probe = FixedProbe.start_run(args, model, tokenizer, rows, retriever, device, rank, world, bool(ckpt), print0)
+            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
+        probe = FixedProbe.start_run(args, model, tokenizer, rows, retriever, device, rank, world,
+                                     bool(ckpt), print0)
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
-    updates = -(-args.prompts_per_step * args.group_size // args.mini_batch_size)  # optimizer steps per rollout step
-    print0(f"{len(rows)} questions | {retriever} | {world} x {device}, reference {args.ref_dtype} | "
-           f"{args.prompts_per_step}x{args.group_size} "
-           f"trajectories/step, {updates} updates/step | out {args.out_dir}")
+    per_step = args.prompts_per_step * args.group_size  # trajectories a step
+    updates = math.ceil(per_step / args.mini_batch_size)  # optimizer steps per rollout step
+    print0(f"{len(rows)} questions | {retriever} | {world} x {device}, reference {args.ref_dtype} "
+           f"| {args.prompts_per_step}x{args.group_size} trajectories/step, {updates} updates/step "
+           f"| out {args.out_dir}")
     print0(plan)  # the parameters, whether the run fits, rows per generate call
     if device == "cpu" and (note := busy_cpu_note()):
         print0(note)
-    return ckpt, state, rows, retriever, model, tokenizer, device, ref_model if args.kl_coef else None, probe
+    ref = ref_model if args.kl_coef else None  # no KL term: no reference passes
+    return ckpt, state, rows, retriever, model, tokenizer, device, ref, probe
 
 
-def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped, lr, args: Args):
+def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped,
+                 lr, args: Args):
     """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
     paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
     mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)
     stats = gather_rows(episode_stats(episodes))  # [B over all ranks, 5]
     metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
-    metrics.update({"grpo/grad_norm": float(np.mean(grad_norms)), "grpo/skipped_steps": stepped.count(False),
-                    "grpo/lr": lr, **rollout_metrics(stats, mask, args.group_size)})
+    metrics["grpo/grad_norm"] = float(np.mean(grad_norms))
+    metrics["grpo/skipped_steps"] = stepped.count(False)
+    metrics["grpo/lr"] = lr
+    metrics.update(rollout_metrics(stats, mask, args.group_size))
     metrics.update(likelihood_diagnostics(old, new, mask, stats[:, 0]))
-    metrics.update(official_metrics(old, new, gather_rows(adv[:, None])[:, 0], mask, gather_rows(batch["answer_mask"]),
-                                    gather_rows(ref_logp) if ref_logp is not None else None))
+    adv_all = gather_rows(adv[:, None])[:, 0]
+    answer_mask = gather_rows(batch["answer_mask"])
+    ref = gather_rows(ref_logp) if ref_logp is not None else None
+    metrics.update(official_metrics(old, new, adv_all, mask, answer_mask, ref))
     return metrics
 
 
 def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank: int):
     """The LLD alarm (llds.lld_alarm), metrics.jsonl (the whole history, rewritten atomically), one console line, and
     at step 1 and every --log-rollouts-every steps a few full trajectories as text (rollouts_step{N}.jsonl)."""
-    out_dir, before = Path(args.out_dir), history[-2]["alarm/phase"] if len(history) > 1 else ""
+    out_dir = Path(args.out_dir)
+    before = history[-2]["alarm/phase"] if len(history) > 1 else ""  # the previous step's phase
     m["alarm/phase"] = lld_alarm([h.get("diag/delta_correct") for h in history],
                                  [h["grpo/grad_norm"] for h in history], k=args.alarm_k)
     if m["alarm/phase"] and m["alarm/phase"] != before:
-        print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses fell or "
-               f"stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
+        print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses "
+               f"fell or stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
     if rank == 0:
-        checkpoint.atomic_write(out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        text = "".join(json.dumps(h) + "\n" for h in history)
+        checkpoint.atomic_write(out_dir / "metrics.jsonl", text)
     print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | "
-           f"kl {m.get('grpo/kl', 0):.5f} | llds {m['llds/penalty']:.5f} | gate {m['llds/gate_rate']:.2f} | "
-           f"clip {m['grpo/clip_frac']:.3f} | gnorm {m['grpo/grad_norm']:.3f} | "
-           f"search/ep {m['rollout/searches_per_traj']:.2f} | {m['perf/step_s']:.0f}s")
+           f"kl {m.get('grpo/kl', 0):.5f} | llds {m['llds/penalty']:.5f} | "
+           f"gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
+           f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | "
+           f"{m['perf/step_s']:.0f}s")
     if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
-        recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer, "reward": e.reward,
-                 "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
+        recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer,
+                 "reward": e.reward, "adv": adv[i].item(),
+                 "searches": e.num_searches, "text": e.text}
                 for i, e in enumerate(episodes[:args.num_log_rollouts])]
-        checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        text = "".join(json.dumps(r) + "\n" for r in recs)
+        checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", text)
 
 
-def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args, rerun: str = "") -> int:
+def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args,
+                 rerun: str = "") -> int:
     """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at --max-bad-steps, or when
     the update left non-finite weights or log-probs: never a checkpoint of a diverged policy. rerun: as main's."""
     for ok in stepped:
         bad = 0 if ok else bad + 1
     if bad >= args.max_bad_steps:
-        raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or grad norm and were "
-                         f"skipped (step {step}): the policy collapsed or diverged, see {args.out_dir}/metrics.jsonl")
+        raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or "
+                         f"grad norm and were skipped (step {step}): the policy collapsed or "
+                         f"diverged, see {args.out_dir}/metrics.jsonl")
     if not all_finite(model, new_logp, loss_mask):
-        raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs (the policy diverged; "
-                         f"--lr {args.lr:g}?); not saved. {checkpoint.resume_note(Path(args.out_dir), rerun)}")
+        note = checkpoint.resume_note(Path(args.out_dir), rerun)
+        raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs "
+                         f"(the policy diverged; --lr {args.lr:g}?); not saved. {note}")
     return bad
 
 
 def clock(device: str) -> tuple[float, float]:
-    """(wall s, CPU s of all this process's threads), once the kernels queued on `device` have run (perf/*)."""
+    """(wall s, CPU s of all threads) once the kernels queued on `device` have run (perf/*)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()  # CUDA runs kernels asynchronously
     return time.time(), time.process_time()
 
 
 def perf(t0, t_rollout, t_update, t_end) -> dict:
-    """perf/{rollout,logp,update,step}_s (wall) and _cpu_s (CPU, all threads) from four clock() readings."""
-    pairs = {"rollout": (t0, t_rollout), "logp": (t_rollout, t_update), "update": (t_update, t_end),
+    """perf/{rollout,logp,update,step}_s (wall) and _cpu_s (CPU) from four clock() readings."""
+    spans = {"rollout": (t0, t_rollout), "logp": (t_rollout, t_update), "update": (t_update, t_end),
              "step": (t0, t_end)}
-    return {f"perf/{k}{u}_s": b[i] - a[i] for k, (a, b) in pairs.items() for i, u in enumerate(("", "_cpu"))}
+    out = {}
+    for name, (a, b) in spans.items():
+        out[f"perf/{name}_s"] = b[0] - a[0]  # wall
+        out[f"perf/{name}_cpu_s"] = b[1] - a[1]  # CPU, all threads
+    return out
+
+
+def make_optimizer(model, args: Args):
+    """AdamW, and the official code's lr schedule: linear from 0 over --warmup-ratio of the steps,
+    then constant (one scheduler step per rollout step)."""
+    # fused: one in-place kernel per tensor, no temporaries at the peak
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999),
+                                  weight_decay=args.weight_decay, fused=True)
+    warmup = int(args.warmup_ratio * args.steps)
+    scheduler = LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
+    return optimizer, scheduler
 
 
 def main(args: Args, rerun: str = ""):
-    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not --resume OUT_DIR."""
-    rank, world, device = setup_dist(args.fsdp, args.device, args.seed, {"--prompts-per-step": args.prompts_per_step,
-                                                                           "--mini-batch-size": args.mini_batch_size})
-    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, probe = load_run(args, rank, world, device)
+    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not
+    --resume OUT_DIR."""
+    split = {"--prompts-per-step": args.prompts_per_step, "--mini-batch-size": args.mini_batch_size}
+    rank, world, device = setup_dist(args.fsdp, args.device, args.seed, split)
+    run = load_run(args, rank, world, device)
+    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, probe = run
     out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
     model = enable_grad_ckpt(model) if args.grad_ckpt else model
     model = shard(model) if args.fsdp else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=args.weight_decay,
-                                  fused=True)  # fused: one in-place kernel per tensor, no temporaries at the peak
-    warmup = int(args.warmup_ratio * args.steps)  # the code's schedule: linear from 0, then constant (per step)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
+    optimizer, scheduler = make_optimizer(model, args)
     history, order, start, bad = [], [], 1, 0  # order: this epoch's questions to come; bad: skipped optimizer steps
     if state:
         restore(model, optimizer, scheduler, state)
-        history, order, bad, start = state["history"], state["order"], state["bad"], state["step"] + 1
-        print0(f"resumed {ckpt} at step {start - 1}" + f"; nothing to do: --steps {args.steps}" * (start > args.steps))
+        history, order, bad = state["history"], state["order"], state["bad"]
+        start = state["step"] + 1
+        done = f"; nothing to do: --steps {args.steps}" if start > args.steps else ""
+        print0(f"resumed {ckpt} at step {start - 1}{done}")
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
-    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
-                                          temperature=args.temperature, batch_size=args.gen_batch_size)  # sampling
+    generate = GENERATORS[args.generator](model, tokenizer, batch_size=args.gen_batch_size,  # sampling
+                                          max_new_tokens=args.max_new_tokens,
+                                          temperature=args.temperature, top_p=args.top_p)
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
     with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
           checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
-        for step in tqdm(range(start, args.steps + 1), desc="steps", dynamic_ncols=True, disable=rank != 0):
+        steps = range(start, args.steps + 1)
+        for step in tqdm(steps, desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = clock(device)
             prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
             prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
             # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
             with full_weights(model), amp(), diverged_sampling(step):
-                episodes = rollout(generate, tokenizer, prompts, retriever.search, group_size=args.group_size,
-                                   max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
+                episodes = rollout(generate, tokenizer, prompts, retriever.search,
+                                   group_size=args.group_size, max_turns=args.max_turns,
+                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk)
             t_rollout = clock(device)
             # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
-            adv = group_advantages(torch.tensor([e.reward for e in episodes]), [e.group_id for e in episodes])  # [B]
+            rewards = torch.tensor([e.reward for e in episodes])
+            adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
             # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
             batch = collate(episodes, tokenizer.pad_token_id)
             with amp():
                 old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)  # [B, T] (1st: update's)
-                ref_logp = logp_pass(ref_model(), batch, args, vocab_size, world) if ref_model else None  # [B, T]
+                ref_logp = None
+                if ref_model:
+                    ref_logp = logp_pass(ref_model(), batch, args, vocab_size, world)  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
             t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
-            per_mini, grad_norms, stepped = update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args,
-                                                   vocab_size, args.mini_batch_size // world, amp(cache=False))
+            per_mini, grad_norms, stepped = update(
+                model, optimizer, batch, old_logp, ref_logp, adv, weight, args, vocab_size,
+                args.mini_batch_size // world, amp(cache=False))  # mini-batch: this rank's share
             lr = optimizer.param_groups[0]["lr"]  # the lr this step used
             scheduler.step()
             # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm
             with amp():
                 new_logp = logp_pass(model, batch, args, vocab_size, world)
-            metrics = {"step": step, **step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
-                                                    grad_norms, stepped, lr, args), **ma_metrics, **probe(step)}
+            diagnostics = step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
+                                       grad_norms, stepped, lr, args)
+            metrics = {"step": step, **diagnostics, **ma_metrics, **probe(step)}
             history.append(metrics)
             metrics.update(perf(t0, t_rollout, t_update, clock(device)))
             # 6. log and save
@@ -453,13 +533,17 @@ def main(args: Args, rerun: str = ""):
             bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args, rerun)
             stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
             if step % args.save_every == 0 or step == args.steps or stopping:
-                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, {"order": order, "bad": bad,
-                                        "history": history, "scheduler": scheduler.state_dict()}, args.keep_checkpoints)
-                print0(f"saved {saved}") if saved else None
+                saved_state = {"order": order, "bad": bad, "history": history,
+                               "scheduler": scheduler.state_dict()}
+                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, saved_state,
+                                        args.keep_checkpoints)
+                if saved:  # None on the ranks other than 0
+                    print0(f"saved {saved}")
             if stopping:
                 print0(f"stopped after step {step}. {checkpoint.resume_note(out_dir, rerun)}")
                 raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
-    shutil.rmtree(out_dir / ".ref", ignore_errors=True) if rank == 0 else None
+    if rank == 0:
+        shutil.rmtree(out_dir / ".ref", ignore_errors=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 
