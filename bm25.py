@@ -44,14 +44,14 @@ from collections import defaultdict
 import numpy as np
 import regex
 
-import topk
+from bm25_numba import topk
 
 # numba compiles the search loop (topk.py; SparseBM25.prepare); without it, or NUMBA = False, SparseBM25 searches with
-# numpy, the same floats (benchmarks/speed_retrieval.py compares the two). A numba that cannot run sets it False.
+# numpy, the same floats (benchmarks/bench_speed_retrieval.py compares the two). A numba that cannot run sets it False.
 NUMBA = importlib.util.find_spec("numba") is not None
 NUMBA_FROM = 2_000  # top_many compiles from this many passages (below, numba saves less than its ~0.7 s import)
 PRUNE_FROM = 50_000  # the compiled lucene search prunes (topk.py) from this many passages: below, its sums fit the
-# CPU's cache and walking every list was as fast (benchmarks/speed_retrieval.py)
+# CPU's cache and walking every list was as fast (benchmarks/bench_speed_retrieval.py)
 BALANCE_FROM = 50_000  # top_many deals queries to its threads by their postings from this many passages (_shares)
 
 BM25_VARIANTS = ("lucene", "okapi")  # --bm25 choices, the default first (SparseBM25 says what each computes)

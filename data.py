@@ -151,7 +151,7 @@ def load_questions(source: str, split: str = "train") -> list[dict]:
 
 
 MAKE_DATA = ("make it with `python scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass "
-             "--train-data FILE|HUB_ID and --corpus FILE, or try `python scripts/spiral.py` (offline, a search world)")
+             "--train-data FILE|HUB_ID and --corpus FILE, or try `python lab/spiral.py` (offline, a search world)")
 
 
 def missing_input(flag: str, path: str, default: str = "") -> str | None:

@@ -11,7 +11,7 @@ context a turn can reach (context_tokens):
     --grad-ckpt are unset), from what a decoder layer saves for backward (layer_activation_bytes, measured) and the
     logits (update_activation_bytes).
 A run that cannot fit stops before step 1 with one line (ValueError) that gives the figures and names the flags to
-change. The arithmetic, with Qwen2.5-3B's numbers: docs/scaling.md#the-memory-plan; benchmarks/memory_plan.py prints
+change. The arithmetic, with Qwen2.5-3B's numbers: docs/scaling.md#the-memory-plan; gpu/memory_plan.py prints
 the plan for the paper's three models and checks the update's estimate against measured peaks.
 
     python memory.py        # the plan for Qwen2.5-3B's shapes (on the meta device) on an 80 GB card
@@ -92,7 +92,7 @@ def gen_batch_size_auto(free_bytes: float, row: int, reserve_frac: float = 0.1, 
 
 def layer_activation_bytes(config, bf16_autocast: bool, dtype_bytes: int = 4) -> int:
     """Bytes per token that one decoder layer saves for its backward in the update, measured tensor by tensor with
-    torch.autograd.graph.saved_tensors_hooks on transformers 5's Qwen2 under torch 2.13 (benchmarks/memory_plan.py
+    torch.autograd.graph.saved_tensors_hooks on transformers 5's Qwen2 under torch 2.13 (gpu/memory_plan.py
     prints the check). With h = hidden_size, i = intermediate_size, n = num_attention_heads:
     bf16 autocast over fp32 weights (the one-GPU path): 36h + 8i + 4n + 8 = two RMSNorms x (fp32 input and output
     8h + rsqrt 4), the bf16 casts of the normed input for q, k, v and for gate, up (5 x 2h), sdpa's q, k, v (k, v
@@ -123,7 +123,7 @@ def update_activation_bytes(model, micro: int, tokens: int, response_tokens: int
       bf16 weight copy (2Vh);
     - the shared attention inputs: sdpa's [micro, 1, tokens, tokens] mask (c bytes), rotary cos, sin (8 x head_dim
       per token).
-    On top of them, the larger of two backward moments (from the measured peaks, benchmarks/memory_plan.py
+    On top of them, the larger of two backward moments (from the measured peaks, gpu/memory_plan.py
     --measure): the logits' gradient twice (the 64-position chunks' gradients and their concatenation), or, once the
     logits are freed, the head's weight gradient in c bytes and its fp32 copy under autocast ((c + 4) x V x h; the
     .grad it is added to is in the static memory). Qwen2.5-3B, 4 rows of 3756 tokens (3500 of them response),

@@ -1,5 +1,5 @@
 """Puts tests/ on the path (tiny.py); `--exercise NAME`: run only the tests tagged @pytest.mark.exercise(NAME), the
-course's graded tests (tests/test_exercises.py, scripts/grade.py, docs/course.md); the `one_thread` fixture.
+course's graded tests (tests/test_exercises.py, course/grade.py, docs/course.md); the `one_thread` fixture.
 
 Convention (issue 22, enforced by tests/test_float_compare.py): a computed float is compared with a tolerance chosen
 from its dtype (float32: rel 1e-5, abs 1e-6; Python floats: pytest.approx's defaults; a 0 by construction: abs 1e-12),

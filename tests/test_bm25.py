@@ -714,7 +714,7 @@ def test_posting_list_topk_is_the_dense_topk_bit_for_bit(variant, engine, monkey
     numpy (both paths); and top_many of all the queries at once (in threads, with numba) == top of each."""
     monkeypatch.setattr(bm25, "NUMBA", engine == "numba")
     monkeypatch.setattr(bm25, "NUMBA_FROM", 0)
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "lab"))
     import search_world
 
     rows = search_world.make_world(seed=1, people=120, towns=12)["corpus"]
@@ -793,7 +793,7 @@ def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch)
     monkeypatch.setattr(bm25, "PRUNE_FROM", 0)
     pruned = Counter()
     if engine == "python":
-        import topk
+        from bm25_numba import topk
 
         def candidates(*args, _step=topk._candidates):
             pruned["queries"] += 1

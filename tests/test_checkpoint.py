@@ -398,7 +398,7 @@ def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
 
 
 def test_ctrl_c_advice_fits_the_command_that_runs_train(files, monkeypatch, capsys):
-    """train.main(args, rerun=...) (scripts/spiral.py) says how *that* command continues: spiral.py resumes its runs
+    """train.main(args, rerun=...) (lab/spiral.py) says how *that* command continues: spiral.py resumes its runs
     itself, and "--resume RUN" was advice for train.py only. Without rerun the advice is train.py's, as before."""
     import train as train_py
 

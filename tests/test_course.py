@@ -1,4 +1,4 @@
-"""The course kit (docs/course.md): scripts/make_assignment.py writes a student copy that imports and collects, with
+"""The course kit (docs/course.md): course/make_assignment.py writes a student copy that imports and collects, with
 every exercise at 0 points, and that holds no solution; grading is independent across exercises; each typical wrong
 answer in tests/course/wrong/ loses points with a message that names its mistake; the snapshots match our code today.
 Attacks on the grader are in tests/test_grader.py. Each grading is a runner process per exercise and a judge process,
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "course"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import hang  # noqa: E402

@@ -1,18 +1,23 @@
 """docs/pitfalls.md is the key to the pitfall labels the code cites ("(P9)", "NOTE(departure): ... (P7)"): every label
 the code, the tests or the README cite is defined there, every pitfall a test name carries too, and every test the
-document names exists. Code comments point to the paper or to upstream files, never to notes outside the repository."""
+document names exists. Code comments point to the paper or to upstream files, never to notes outside the repository.
+The commands and paths that README.md and docs/ give name files that exist."""
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "pitfalls.md"
 
 
 def python_files() -> list[Path]:
-    return sorted([*ROOT.glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").glob("*.py"),
-                   *(ROOT / "benchmarks").glob("*.py")])
+    """The top-level files and those of each room (tests/test_structure.py's ROOMS: tests/, scripts/, lab/, ...)."""
+    from test_structure import ROOMS
+
+    return sorted([*ROOT.glob("*.py"), *(p for room in ROOMS for p in (ROOT / room).glob("*.py"))])
 
 
 def defined_labels() -> set[str]:
@@ -76,7 +81,7 @@ def test_code_cites_no_internal_notes():
 
 
 DEPARTURES = ROOT / "docs" / "departures.md"
-# a course copy (scripts/make_assignment.py leaves tests/course out) has the exercises' bodies blanked, their NOTE
+# a course copy (course/make_assignment.py leaves tests/course out) has the exercises' bodies blanked, their NOTE
 # comments with them, so the lines below them move; there, only the numbering is checked
 STUDENT_COPY = not (ROOT / "tests" / "course").is_dir()
 
@@ -111,3 +116,26 @@ def test_each_departure_links_the_lines_that_carry_its_note():
     wrong = [f"entry {n} links {f}#L{k}, which has no NOTE(departure {n})" for f, k, n in sorted(linked - notes)]
     wrong += [f"{f}:{k} has NOTE(departure {n}), not linked from entry {n}" for f, k, n in sorted(notes - linked)]
     assert not wrong, "docs/departures.md and the code's NOTE(departure N) lines disagree:\n" + "\n".join(wrong)
+
+
+UPSTREAM = ("scripts/data_process/",)  # Search-R1's own paths, quoted as the upstream code's (docs/pitfalls.md)
+
+
+def test_every_command_and_path_names_a_file_that_exists():
+    """Each file a `python` command runs in README.md, docs/ and the code's docstrings, and each path into a room
+    (`lab/world0_policy`, `tests/fixtures/...`) that README.md and docs/ write, names a file or folder of this
+    repository: a moved file takes its commands with it (issue 41)."""
+    if STUDENT_COPY:
+        pytest.skip("a course copy leaves the kit (course/) and its tests out, which the docs name")
+    from test_structure import ROOMS
+
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    room_path = re.compile(rf"(?<![\w./-])((?:{'|'.join(ROOMS)}|docs)/[\w./-]*\w)")
+    missing = []
+    for path in [*docs, *python_files()]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            named = re.findall(r"\bpython3? (?:-m )?([\w./~-]+\.py)\b", line)
+            named += room_path.findall(line) if path in docs else []
+            missing += [f"{path.relative_to(ROOT)}:{n}: {f}" for f in named
+                        if not (ROOT / f).exists() and not f.startswith(UPSTREAM)]
+    assert not missing, "commands and paths that name no file of this repository:\n" + "\n".join(missing)

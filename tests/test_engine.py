@@ -16,7 +16,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 import evaluate  # noqa: E402
 from engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
@@ -25,7 +25,7 @@ from test_rollout import Q1, Q2, FakeRetriever, enc, run  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
 from train import parse_args  # noqa: E402
 
-WARM_START = ROOT / "scripts" / "world0_policy"
+WARM_START = ROOT / "lab" / "world0_policy"
 QUESTIONS = [{"question": q, "golden_answers": ["x"]} for q in ("Where was Alda born", "Who is Bo", "What is it")]
 
 

@@ -1,4 +1,4 @@
-"""The course's graded tests (docs/course.md): each tagged @pytest.mark.exercise(name), run by scripts/grade.py one
+"""The course's graded tests (docs/course.md): each tagged @pytest.mark.exercise(name), run by course/grade.py one
 exercise at a time (`pytest tests/test_exercises.py --exercise kl`). On our code they all pass, so they are also
 regression tests of the functions the students write.
 
@@ -29,7 +29,7 @@ def ex(name):
 
 def snapshot(name):
     if not (SNAP / f"{name}.json").is_file():  # a student copy: the snapshots are our outputs, the grader's alone
-        pytest.skip("the snapshots stay with the instructor: scripts/grade.py runs this test")
+        pytest.skip("the snapshots stay with the instructor: course/grade.py runs this test")
     return json.loads((SNAP / f"{name}.json").read_text())
 
 

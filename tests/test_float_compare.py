@@ -1,7 +1,8 @@
 """Rule: compare a computed float with a tolerance chosen from its dtype, not exactly, unless its line says `# exact:`.
 
 The guard of issue 22 (a stored gradient one float32 ulp off on another x86 CPU failed the suite): it parses every .py
-under tests/, scripts/ and benchmarks/ with `ast` and lists file:line of each comparison that holds a float exactly:
+under tests/, scripts/, lab/, course/, gpu/ and benchmarks/ with `ast` and lists file:line of each comparison that holds
+a float exactly:
 
 - `==` / `!=` / `in` where a side is float-valued by its form: a float literal (`0.5`, `-1e-3`, `2 / 3`, `[0.0, 1.0]`,
   `{"k": 0.5}`, a tuple element), `float(...)`, `round(x, n)`, `math.*(...)`, or a comprehension of such;
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("tests", "scripts", "benchmarks")  # every .py under these, recursively ...
+SCANNED = ("tests", "scripts", "lab", "course", "gpu", "benchmarks")  # every .py under these, recursively ...
 NOT_SCANNED = ("tests/course/wrong",)  # ... but the course's wrong answers: implementations (of grpo.py etc.), not checks
 INDICATORS = {"em_check", "sub_em"}  # return 0.0 or 1.0 by a branch (a string match), no arithmetic: exact on any CPU
 INDICATOR_ATTRS = {"reward"}  # Episode.reward = em_check(...)
@@ -293,7 +294,7 @@ def exact_float_comparisons(source: str, filename: str = "<string>") -> list[str
 
 
 def scanned_files() -> list[Path]:
-    """Every .py the guard reads: tests/, scripts/, benchmarks/ and below."""
+    """Every .py the guard reads: the SCANNED folders and below."""
     return sorted(p for d in SCANNED for p in (ROOT / d).rglob("*.py")
                   if not any(p.is_relative_to(ROOT / skip) for skip in NOT_SCANNED))
 

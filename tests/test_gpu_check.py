@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py --tiny on the CPU, as CI runs it, so that the GPU check does not rot before a GPU runs it."""
+"""gpu/gpu_check.py --tiny on the CPU, as CI runs it, so that the GPU check does not rot before a GPU runs it."""
 
 import json
 import subprocess
@@ -11,7 +11,7 @@ import torch
 import hang
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = [sys.executable, "benchmarks/gpu_check.py"]
+SCRIPT = [sys.executable, "gpu/gpu_check.py"]
 FIGURES = ("step_s", "gen_s", "logp_s", "update_s", "gen_tok_s", "trained_tokens", "peak_gib", "params")
 
 

@@ -1,4 +1,4 @@
-"""Attacks on scripts/grade.py (issues 26, 39), each tried on a student copy and scored: module-level code that rewrites
+"""Attacks on course/grade.py (issues 26, 39), each tried on a student copy and scored: module-level code that rewrites
 pytest's report; a function that looks for the grader's modules, the solution's files (through /proc or by path) or
 the snapshots' expected values; one that raises with text read from the reference (its type only reaches the table);
 a test oracle that reads the calling test (the runner holds no test); one that ends the runner, patches builtins, or
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "course"))
 
 import grade  # noqa: E402
 from make_assignment import EXERCISES, blank, function_source, solution_lines, splice  # noqa: E402

@@ -2,8 +2,8 @@
 reward on held-out people above the warm start's, by searching more (docs/spiral.md, third grid: there in every seed
 of the cell; here one seed, to keep the suite within 10 minutes: seed 1 learned too, +0.06, when last measured).
 
-The warm start is scripts/world0_policy: the 0.65M-parameter policy that
-`python scripts/search_world.py --out data/world_guess --redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000`
+The warm start is lab/world0_policy: the 0.65M-parameter policy that
+`python lab/search_world.py --out data/world_guess --redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000`
 saved (its files copied there), so every machine starts from the same weights; it answers without searching in about
 40% of its samples. The world is rebuilt here from its seed (search_world.make_world(0): 0.2 s). Each run is the third
 grid's lr 3e-4 cell for 20 steps; the measure is the grid's, spiral.sampled_on_test, with one trajectory per
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
 
 import search_world  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
 
-WARM_START = ROOT / "scripts" / "world0_policy"
+WARM_START = ROOT / "lab" / "world0_policy"
 SEEDS = (0,)
 MARGIN = 0.057  # the third grid's "learned" (0.04 for 960 samples): 2 standard errors of a difference of two
 # 480-sample means. Measured on 2026-12-02: warm start 0.152, seed 0 after 20 steps 0.254 (+0.102)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "gpu"))
 
 import hang  # noqa: E402
 from memory import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402

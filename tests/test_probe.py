@@ -10,7 +10,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 import hang  # noqa: E402
 from grpo import grpo_loss  # noqa: E402
@@ -158,7 +158,7 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
 
     search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
     out = tmp_path / "delta.json"
-    cmd = [sys.executable, "probe.py", "--model", "scripts/world0_policy", "--train-data",
+    cmd = [sys.executable, "probe.py", "--model", "lab/world0_policy", "--train-data",
            str(tmp_path / "w" / "world_train.jsonl"), "--corpus", str(tmp_path / "w" / "corpus.jsonl")]
     r = hang.run([*cmd, "--questions", "8", "--group-size", "4", "--k", "1", "2", "--llds", "0", "0.2",
                   "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3",
@@ -182,7 +182,7 @@ def test_a_stopped_probe_resumes_where_it_stopped(tmp_path, monkeypatch):
     import search_world
 
     search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
-    cmd = ["--model", "scripts/world0_policy", "--train-data", str(tmp_path / "w" / "world_train.jsonl"), "--corpus",
+    cmd = ["--model", "lab/world0_policy", "--train-data", str(tmp_path / "w" / "world_train.jsonl"), "--corpus",
            str(tmp_path / "w" / "corpus.jsonl"), "--questions", "8", "--group-size", "4", "--k", "2", "--llds", "0",
            "0.2", "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--lr", "1e-3"]
     monkeypatch.chdir(ROOT)

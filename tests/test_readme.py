@@ -58,7 +58,7 @@ def definition_lines(file: str, name: str) -> tuple[int, int] | None:
     return node.lineno, node.end_lineno
 
 
-# a course copy (scripts/make_assignment.py leaves tests/course out): the functions the student writes have their own
+# a course copy (course/make_assignment.py leaves tests/course out): the functions the student writes have their own
 # lengths, so the line ranges below them move; there, only that each function exists is checked
 STUDENT_COPY = not (ROOT / "tests" / "course").is_dir()
 

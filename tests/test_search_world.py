@@ -1,4 +1,4 @@
-"""scripts/search_world.py and scripts/warm_start.py: the generated world is seeded and split by person, every answer
+"""lab/search_world.py and lab/warm_start.py: the generated world is seeded and split by person, every answer
 is in the corpus, a demonstration is exactly what rollout.rollout builds when the policy emits its turns, the saved
 policy loads as train.py loads it, and a few supervised steps lower the loss. Small worlds, so the file runs in
 seconds."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "lab"))
 sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
@@ -74,7 +74,7 @@ def test_bm25_finds_each_person_and_town_first(world, retriever):
 
 
 def test_bad_world_size_is_one_error_line(tmp_path):
-    out = hang.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(tmp_path),
+    out = hang.run([sys.executable, str(ROOT / "lab" / "search_world.py"), "--out", str(tmp_path),
                     "--people", "5", "--sft-steps", "0"], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("search_world.py: error: need people >= 10")
@@ -148,7 +148,7 @@ def test_a_few_supervised_steps_lower_the_loss(world, tok, retriever):
 
 def test_tokenizer_is_the_same_in_every_process():
     # a set's order changes with PYTHONHASHSEED; the BPE's training text must not depend on it
-    code = ("import hashlib, sys; sys.path.insert(0, 'scripts'); import search_world as W, warm_start as S; "
+    code = ("import hashlib, sys; sys.path.insert(0, 'lab'); import search_world as W, warm_start as S; "
             "t = S.build_tokenizer(W.tokenizer_texts(W.make_world(seed=3, people=40, towns=6)), vocab_size=600); "
             "print(hashlib.sha256(t.backend_tokenizer.to_str().encode()).hexdigest())")
     out = [hang.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -191,7 +191,7 @@ def test_out_file_is_one_error_line(tmp_path):
     """--out FILE (or a folder below a file) was a FileExistsError traceback from write_world."""
     (tmp_path / "file").write_text("")
     for out in (tmp_path / "file", tmp_path / "file" / "world"):
-        r = hang.run([sys.executable, str(ROOT / "scripts" / "search_world.py"), "--out", str(out), "--sft-steps",
+        r = hang.run([sys.executable, str(ROOT / "lab" / "search_world.py"), "--out", str(out), "--sft-steps",
                       "0"], capture_output=True, text=True)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr.strip().splitlines()[-1] == (f"search_world.py: error: --out {out}: {tmp_path}/file is a file, "

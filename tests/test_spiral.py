@@ -1,4 +1,4 @@
-"""scripts/spiral.py's per-run measures, fixed in docs/spiral.md before any run (the fourth grid's protocol): collapse
+"""lab/spiral.py's per-run measures, fixed in docs/spiral.md before any run (the fourth grid's protocol): collapse
 on 5-step reward windows (collapsed / degraded / held, and its step), the onsets of the fall of the correct and
 incorrect responses' likelihood and the lead of the first over the collapse, the first phase II/III LLD alarm, the
 entropy and valid-action ratio at the end; a cell's counts over worlds and seeds; resuming a stopped grid."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "lab"))
 
 import hang  # noqa: E402
 import spiral  # noqa: E402
@@ -202,7 +202,7 @@ def test_ctrl_c_outside_a_training_step_is_one_line(tmp_path):
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "spiral.py"), "--world", str(tmp_path / "world"),
+    proc = subprocess.Popen([sys.executable, str(ROOT / "lab" / "spiral.py"), "--world", str(tmp_path / "world"),
                              "--out", str(tmp_path / "grid")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_shell)
     try:
@@ -238,7 +238,7 @@ def test_world_seeds_name_their_folders_and_the_tables_count_every_world():
 
 
 def test_world_0_starts_from_the_committed_warm_start_and_another_recipe_trains_one(tmp_path, monkeypatch, capsys):
-    """The one command's world 0 takes scripts/world0_policy's weights (the same start on every machine) with the
+    """The one command's world 0 takes lab/world0_policy's weights (the same start on every machine) with the
     world rebuilt from its seed; --train-warm-start, or --world-flags of another recipe, trains one here."""
     class Built(Exception):
         pass

@@ -1,5 +1,6 @@
 """One concept per file (issue 13): who imports whom among the top-level files, no cycle, nothing imports train.py;
-train.py stays short enough to read beside the paper; --help is grouped by Args' sections; a missing default data
+the rooms beside them say what they hold (issue 41) and import down, never back; train.py stays short enough to read
+beside the paper; --help is grouped by Args' sections; a missing default data
 file says how to make it; a loss metric without a declared reduction is an error, not a silently wrong number."""
 
 import ast
@@ -26,10 +27,25 @@ GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo in
     "policy": {"checkpoint"},
     "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
     "rollout": {"data"},  # the demo's 5 passages
-    "bm25": {"topk"},  # its compiled search
-    "grpo": set(), "llds": set(), "topk": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
+    "bm25": set(),  # and its compiled search, bm25_numba/topk.py (ROOMS)
+    "grpo": set(), "llds": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
     "memory": set(), "paper": set(),
 }
+# The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
+# puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).
+# Each file of a room is run by its path (`python lab/spiral.py`); bm25_numba is a package, imported by bm25.py alone.
+ROOMS = {
+    "bm25_numba": ("BM25's compiled search (topk.py, numba): part of bm25.py, not a concept of its own", set()),
+    "scripts": ("the commands around train.py: make the data, serve retrieval, plot a run", set()),
+    "lab": ("the search world, its warm starts (world0_policy/: the committed one) and the spiral grid", {"scripts"}),
+    "course": ("the course kit: a student copy, its grader and the grader's plugin", {"tests"}),
+    "benchmarks": ("bench_*.py: what a part costs, ours against its peers", {"scripts", "lab", "tests"}),
+    "gpu": ("what a GPU user runs first: the memory plan and the GPU check", {"benchmarks", "lab", "tests"}),
+    "tests": ("the suite, its fixtures, the course's planted mistakes and the helpers (tiny.py, hang.py)", set()),
+}
+LIBRARY = [*(ROOT / f"{m}.py" for m in MODULES), *sorted((ROOT / "bm25_numba").glob("*.py"))]  # what train.py runs
+# a course copy (course/make_assignment.py) holds the rooms less the kit itself, course/
+HELD_BACK = set() if (ROOT / "tests" / "course").is_dir() else {"course"}
 
 
 def imports(module: str) -> set[str]:
@@ -101,7 +117,7 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
         "error: --train-data data/hotpotqa/hotpotqa_train.jsonl: not found; make it with `python "
         "scripts/prepare_data.py --out-dir data/hotpotqa` (HotpotQA, from the hub), pass --train-data FILE|HUB_ID and "
         "--corpus FILE, or try "
-        "`python scripts/spiral.py` (offline, a search world)"]
+        "`python lab/spiral.py` (offline, a search world)"]
 
 
 def test_a_metric_without_a_reduction_is_an_error():
@@ -118,11 +134,59 @@ def test_a_metric_without_a_reduction_is_an_error():
         train.add_metrics(acc, {"llds/gate_rate": 0.5})  # e.g. a course llds_loss that leaves its weight out
 
 
-def test_every_top_level_file_is_short_and_unpacked():
-    """One concept per file keeps each file short; a cap met by packing lines defeats its purpose, hence both limits."""
-    for m in MODULES:
-        lines = (ROOT / f"{m}.py").read_text(encoding="utf-8").splitlines()
-        assert len(lines) <= CAPS.get(m, 450), f"{m}.py has {len(lines)} lines: split it by concept"
+def test_every_library_file_is_short_and_unpacked():
+    """One concept per file keeps each file short; a cap met by packing lines defeats its purpose, hence both limits.
+    The library: the top-level files and bm25.py's compiled search (bm25_numba/topk.py)."""
+    for path in LIBRARY:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name = path.relative_to(ROOT)
+        assert len(lines) <= CAPS.get(path.stem, 450), f"{name} has {len(lines)} lines: split it by concept"
         wide = [n for n, line in enumerate(lines, 1) if len(line) > 120]
-        assert not wide, f"{m}.py: lines over 120 columns: {wide}"
+        assert not wide, f"{name}: lines over 120 columns: {wide}"
+
+
+def room_imports(path: Path) -> set[str]:
+    """The rooms whose files (or, bm25_numba, whose package) `path` imports, anywhere in it."""
+    where = {p.stem: room for room in ROOMS for p in (ROOT / room).glob("*.py") if not p.stem.startswith("test_")}
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return {where.get(n, n) for n in names} & set(ROOMS)
+
+
+def test_rooms_say_what_they_hold():
+    """Every folder of code is a room of ROOMS; benchmarks/ has one naming scheme; a file's name is its own in the whole
+    tree (a room's files import each other by name off sys.path, so two files of one name would shadow each other)."""
+    rooms = {d.name for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.glob("*.py"))}
+    assert rooms == set(ROOMS) - HELD_BACK, "a folder of code was added or removed: give it its place in ROOMS"
+    odd = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("bench_"))
+    assert not odd, f"benchmarks/ names its files bench_*.py: {odd}"
+    stems = [p.stem for p in [*ROOT.glob("*.py"), *(p for room in ROOMS for p in (ROOT / room).glob("*.py"))]]
+    twice = sorted(s for s in set(stems) if stems.count(s) > 1)
+    assert not twice, f"files of one name in two places: {twice}"
+    assert (ROOT / "lab" / "world0_policy" / "model.safetensors").is_file()  # the committed warm start, by the lab
+
+
+def test_rooms_import_down_and_never_back():
+    """Each room imports the rooms ROOMS says (no cycle among them); of the top-level files only bm25.py imports a
+    room, its compiled search, and engine.py's demo the tests' tiny model: the library never reaches into scripts/,
+    the lab, the course, the benchmarks or gpu/."""
+    got = {room: set() for room in set(ROOMS) - HELD_BACK}
+    for room in got:
+        for path in (ROOT / room).glob("*.py"):
+            if not path.stem.startswith(("test_", "conftest")):
+                got[room] |= room_imports(path) - {room}
+    assert got == {room: deps for room, (_, deps) in ROOMS.items() if room in got}
+
+    def visit(room, path):
+        assert room not in path, " -> ".join([*path, room])
+        for d in ROOMS[room][1]:
+            visit(d, [*path, room])
+    for room in ROOMS:
+        visit(room, [])
+    top = {m: room_imports(ROOT / f"{m}.py") for m in MODULES}
+    assert {m: rooms for m, rooms in top.items() if rooms} == {"bm25": {"bm25_numba"}, "engine": {"tests"}}
 

@@ -1,4 +1,4 @@
-"""scripts/warm_start_qa.py: a demonstration built on a FlashRAG question row is what rollout.rollout builds when the
+"""lab/warm_start_qa.py: a demonstration built on a FlashRAG question row is what rollout.rollout builds when the
 policy emits its turns (loss_mask 0 exactly on the BM25 observations, at most max_turns searches), a few supervised
 steps under bf16 autocast lower the loss, the saved folder loads as train.py loads it, and bad input is one line.
 The tiny model of tests/tiny.py and a 5-question, 7-passage fixture, so the file runs in seconds."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
 
 import hang  # noqa: E402
 import tiny  # noqa: E402
@@ -156,7 +156,7 @@ def test_bad_input_is_one_line(files, tmp_path):
 def test_the_command_line_says_it_in_one_line(files, tmp_path):
     untitled = [{k: v for k, v in r.items() if k != "metadata"} for r in ROWS]
     no_titles = write_jsonl(tmp_path / "nq_train.jsonl", untitled)
-    out = hang.run([sys.executable, str(ROOT / "scripts" / "warm_start_qa.py"), "--model", files["model"],
+    out = hang.run([sys.executable, str(ROOT / "lab" / "warm_start_qa.py"), "--model", files["model"],
                     "--train-data", files["train"], no_titles, "--corpus", files["corpus"],
                     "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout == ""

@@ -264,7 +264,7 @@ def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, **shape):
 
     The vocab is ``len(tokenizer) + 16``: ids >= len(tokenizer) exist in the lm_head but not in the tokenizer (as in
     Qwen2.5), so tests can check such ids are never sampled. shape: Qwen2Config fields that replace the tiny ones
-    (benchmarks/gpu_check.py builds Qwen2.5-0.5B and 3B with benchmarks/memory_plan.py's CONFIGS); a vocab_size
+    (gpu/gpu_check.py builds Qwen2.5-0.5B and 3B with gpu/memory_plan.py's CONFIGS); a vocab_size
     below len(tokenizer) is a ValueError.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -13,10 +13,10 @@ and without gradient checkpointing, in bf16 autocast and in fp32, each in a fres
 resident memory (ru_maxrss over the resident set before the forward; gradients allocated before), and the bytes
 torch saves for backward (saved_tensors_hooks, each storage once, parameters left out), beside the estimate.
 
-    python benchmarks/memory_plan.py                      # one GPU, bf16 autocast over fp32 weights, as train.py
-    python benchmarks/memory_plan.py --gpus 8 --fsdp      # FSDP over 8 GPUs
-    python benchmarks/memory_plan.py --measure            # estimate vs measured, on this CPU (~1 minute)
-    python benchmarks/memory_plan.py --step-time          # a paper step's expected time split, 1, 4 and 8 GPUs
+    python gpu/memory_plan.py                      # one GPU, bf16 autocast over fp32 weights, as train.py
+    python gpu/memory_plan.py --gpus 8 --fsdp      # FSDP over 8 GPUs
+    python gpu/memory_plan.py --measure            # estimate vs measured, on this CPU (~1 minute)
+    python gpu/memory_plan.py --step-time          # a paper step's expected time split, 1, 4 and 8 GPUs
 
 --step-time is arithmetic from per-token costs at assumed rates (RATES; docs/scaling.md#the-papers-runs-on-paper):
 per rank, the training passes take FLOPs / (MFU x peak); a Hugging Face generate call decodes until its longest row

@@ -1,7 +1,7 @@
-"""Grade a student copy of the repository (scripts/make_assignment.py) exercise by exercise, and print a points table.
+"""Grade a student copy of the repository (course/make_assignment.py) exercise by exercise, and print a points table.
 
-    python scripts/grade.py DIR                          # every exercise
-    python scripts/grade.py DIR --exercises kl gate      # some of them
+    python course/grade.py DIR                          # every exercise
+    python course/grade.py DIR --exercises kl gate      # some of them
 
 Only what the student wrote is graded, and no student code runs where a verdict is made:
 
@@ -11,7 +11,7 @@ Only what the student wrote is graded, and no student code runs where a verdict 
    signature is ours). They go into copies of our modules in a fresh temporary tree, in which every other exercise's
    function is blank except those the exercise uses (`"uses"` in make_assignment.EXERCISES: our reference).
 2. The *plan*: our tests run on our code in a tree of our own, and every call a test makes to an exercise function
-   is written down with its inputs only (scripts/grade_plugin.py).
+   is written down with its inputs only (course/grade_plugin.py).
 3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1
    (no path to this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls
    on the student's functions and records what each returned or raised (an exception: its type only). No test runs
@@ -489,7 +489,7 @@ def main(argv=None) -> int:
     ours = {f: (ROOT / f).read_text(encoding="utf-8") for f in MODULES}
     if any(is_blank(ours[f], n) for spec in EXERCISES.values() for f, n in spec["functions"]) or \
             not (ROOT / "tests" / "snapshots").is_dir():
-        print(f"error: {ROOT} is a student copy: grade with the solution repository's scripts/grade.py",
+        print(f"error: {ROOT} is a student copy: grade with the solution repository's course/grade.py",
               file=sys.stderr)
         return 2
     t0 = time.time()

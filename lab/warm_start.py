@@ -1,4 +1,4 @@
-"""A tiny policy warm-started on the search world of scripts/search_world.py: it already speaks the Search-R1 protocol
+"""A tiny policy warm-started on the search world of lab/search_world.py: it already speaks the Search-R1 protocol
 (think, search the name, read the passages, answer), but imperfectly, so GRPO's groups start with mixed rewards.
 
 Steps (`run`), all offline and seeded:
@@ -21,7 +21,7 @@ Steps (`run`), all offline and seeded:
   5. `sampled_em`: rollout.rollout with hf_generator(do_sample=True), group_size 4: mean exact match and the share of
      groups with mixed rewards (the groups that give GRPO a signal).
 
-Run through scripts/search_world.py (it builds the world first); the result is OUT/policy, a save_pretrained folder
+Run through lab/search_world.py (it builds the world first); the result is OUT/policy, a save_pretrained folder
 (model + tokenizer) that train.py --model loads unchanged.
 """
 

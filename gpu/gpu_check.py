@@ -2,15 +2,15 @@
 GPU path works and what a step costs there. Every part runs in its own process with a time limit; the JSON is
 rewritten after each part, so a run cut short keeps what it measured.
 
-1. Models: Qwen2.5-0.5B and Qwen2.5-3B with random weights, their shapes from benchmarks/memory_plan.py's CONFIGS
+1. Models: Qwen2.5-0.5B and Qwen2.5-3B with random weights, their shapes from gpu/memory_plan.py's CONFIGS
    (each model's config.json), and the tests' tokenizer (tests/tiny.py), saved to a temporary folder. Random weights
    rarely write a valid <search> or <answer>: the figures are of generation, retrieval and training, not learning.
 2. Tests: the test files whose code takes the CUDA path on a GPU machine (train.py and evaluate.py with --device auto:
    CUDA autocast, the memory plan from cuda free memory, CUDA RNG state in checkpoints), with pytest in a
    subprocess, in the background while part 3 runs (its rows say which overlapped them). With --tiny they are
    skipped (CI runs the whole suite on CPU anyway) unless --tests names some.
-3. Training: 2 steps of the real train.py (train.main, as scripts/spiral.py calls it) per model, without and with
-   --fsdp on one rank (torchrun --nproc_per_node 1), on a search world built by scripts/search_world.py: 64
+3. Training: 2 steps of the real train.py (train.main, as lab/spiral.py calls it) per model, without and with
+   --fsdp on one rank (torchrun --nproc_per_node 1), on a search world built by lab/search_world.py: 64
    questions x 5 answers, 1 search turn + the answer turn of 128 new tokens, 2 optimizer steps per step,
    --gen-batch-size auto. The run's checkpoint is not saved (train.save_checkpoint is replaced by a no-op: a 3B
    checkpoint with its AdamW state is ~37 GB of disk and minutes of writing). One table row per (model, --fsdp):
@@ -28,8 +28,8 @@ rewritten after each part, so a run cut short keeps what it measured.
    (the arithmetic is printed).
 The whole check stops starting parts after BUDGET_S.
 
-    python benchmarks/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
-    python benchmarks/gpu_check.py --tiny --out /tmp/x.json # on a CPU in ~30 s: the tests' tiny model (CI)
+    python gpu/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
+    python gpu/gpu_check.py --tiny --out /tmp/x.json # on a CPU in ~30 s: the tests' tiny model (CI)
 """
 
 import argparse
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab"), str(ROOT / "benchmarks"), str(ROOT / "gpu")]
 
 from checkpoint import atomic_write  # noqa: E402
 from memory_plan import CONFIGS  # noqa: E402

@@ -3,7 +3,7 @@ so that GRPO's first groups hold searches, answers and a few rewards. Out of the
 the tags (SmolLM2-135M-Instruct wrote no <search> or <answer> in 32 samples of the Search-R1 prompt); a policy that
 never answers gets exact-match reward 0 in every group, and GRPO has nothing to learn from.
 
-The demonstrations are scripts/warm_start.py's, built on FlashRAG question rows with metadata.supporting_titles
+The demonstrations are lab/warm_start.py's, built on FlashRAG question rows with metadata.supporting_titles
 (HotpotQA and MuSiQue, as scripts/prepare_data.py writes them). For each question, warm_start.demonstration builds
 the Episode that rollout.rollout would give for a perfect policy (model turns loss_mask 1, observations 0):
 
@@ -26,7 +26,7 @@ that answer, and searches per trajectory. The result is a save_pretrained folder
 unchanged. It is written beside --out and then renamed, so an interrupted save leaves --out as it was.
 
     python scripts/prepare_data.py --out-dir data/hotpotqa        # HotpotQA questions and passages (internet)
-    python scripts/warm_start_qa.py --model HuggingFaceTB/SmolLM2-135M-Instruct \\
+    python lab/warm_start_qa.py --model HuggingFaceTB/SmolLM2-135M-Instruct \\
         --train-data data/hotpotqa/hotpotqa_train.jsonl --test-data data/hotpotqa/hotpotqa_validation.jsonl \\
         --corpus data/hotpotqa/corpus.jsonl --max-turns 2 --max-obs-tokens 200 --amp bf16 --out runs/smollm2_warm
     python train.py --model runs/smollm2_warm --train-data data/hotpotqa/hotpotqa_train.jsonl \\
@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, scripts/
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, lab/
 
 from policy import autocast, load_policy  # noqa: E402
 from data import load_questions, passage_title  # noqa: E402

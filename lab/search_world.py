@@ -1,4 +1,4 @@
-"""A small generated search world, and a tiny policy warm-started on it (scripts/warm_start.py), so that the real,
+"""A small generated search world, and a tiny policy warm-started on it (lab/warm_start.py), so that the real,
 unchanged pipeline (retriever.py, rollout.py, grpo.py, llds.py, train.py) trains in seconds per step on a CPU.
 
 The world: `people` invented persons (syllable-built names no model could know), each born in an invented town in a
@@ -14,8 +14,8 @@ the person's passage) and one 2-hop one ("world_2hop": "In which region was the 
 person's passage, then the town's). Train and test questions are split by person: no test person appears in a
 training question (a tiny model memorises names). Everything follows from --seed.
 
-    python scripts/search_world.py --out data/world                       # world + warm-started policy
-    python scripts/search_world.py --out data/world --sft-steps 0         # the world only (seconds)
+    python lab/search_world.py --out data/world                       # world + warm-started policy
+    python lab/search_world.py --out data/world --sft-steps 0         # the world only (seconds)
     python train.py --model data/world/policy --train-data data/world/world_train.jsonl \
         --corpus data/world/corpus.jsonl --steps 5 --prompts-per-step 8 --group-size 4 --max-turns 2 \
         --max-new-tokens 48 --max-obs-tokens 120 --mini-batch-size 8 --micro-batch-size 8 --lr 1e-4 \

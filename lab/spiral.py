@@ -1,7 +1,7 @@
 """One command for the LLD death spiral on a laptop: world -> warm start -> GRPO and GRPO + LLDS -> test EM -> figure.
 
-Builds each search world (scripts/search_world.py, once: reused when the folder holds it) with its warm-started tiny
-policy: for world 0 the committed one (scripts/world0_policy, the same weights on every machine; --train-warm-start
+Builds each search world (lab/search_world.py, once: reused when the folder holds it) with its warm-started tiny
+policy: for world 0 the committed one (lab/world0_policy, the same weights on every machine; --train-warm-start
 trains one here instead, ~15 minutes), for other worlds trained here. Then for every (world, lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on
 the held-out people with the unchanged evaluate.py, and finally prints the grid, every run and then every (lr, lambda)
 cell over its worlds and seeds, with the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward
@@ -14,10 +14,10 @@ A finished run (its metrics and eval.json complete) is not run again, and an unf
 from its newest complete checkpoint (train.py --resume): the same command continues a stopped grid where it stopped.
 A run folder that holds a finished run of another --steps is refused, never overwritten.
 
-    python scripts/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
-    python scripts/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
-    python scripts/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
-    python scripts/spiral.py --world data/w --world-seeds 11 12 13 --lambdas 0 0.1 0.2 --lrs 3e-4 --steps 100 \\
+    python lab/spiral.py                                      # lr 1e-3, lambda 0 and 0.2, seeds 0-2: ~10 min
+    python lab/spiral.py --lrs 1e-4 3e-4 1e-3 --out runs/grid --mini-batch-size 16 --micro-batch-size 16  # grid 1
+    python lab/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
+    python lab/spiral.py --world data/w --world-seeds 11 12 13 --lambdas 0 0.1 0.2 --lrs 3e-4 --steps 100 \\
         --world-flags="--redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000" --out runs/grid4_slow
                                                       # the fourth grid's slow regime: three new worlds (docs/spiral.md)
 """
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lab"), str(ROOT / "scripts")]  # scripts/: plot_run
 
 import evaluate  # noqa: E402
 import plot_run  # noqa: E402
@@ -46,7 +46,7 @@ RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", 
 EVAL = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--batch-size", "64"]
 RERUN = "the same spiral.py command"  # how a stopped grid continues (train.py's lines say so after Ctrl-C or an error)
 # The committed warm start of world 0: `search_world.py --seed 0` with these flags saved it (its folder copied here)
-COMMITTED = ROOT / "scripts" / "world0_policy"
+COMMITTED = ROOT / "lab" / "world0_policy"
 COMMITTED_FLAGS = "--redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000"
 
 
@@ -305,7 +305,7 @@ def delta_tables(paths: list[str]) -> list[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", default="data/world", help="world folder (built by scripts/search_world.py if absent)")
+    ap.add_argument("--world", default="data/world", help="world folder (built by lab/search_world.py if absent)")
     ap.add_argument("--world-seeds", type=int, nargs="+", default=[0],
                     help="search_world.py --seed of each world: 0 is --world, N is WORLD_seedN (built if absent)")
     ap.add_argument("--world-flags", default="", help="search_world.py flags for the warm starts trained here, one "

@@ -11,17 +11,17 @@ in training) run with each engine in turn, hf hf-kv cb hf hf-kv cb ..., under th
       the repeats and its ratio to hf (today's former default), the median of the per-repeat ratios (each repeat runs
       the engines back to back, so the machine's load drifts less between them). "best" columns are best-of-N.
 The machine's load (os.getloadavg) is printed before and after. Workloads:
-  world:   scripts/world0_policy (0.65M parameters, it searches and answers: rows stop at different turns
-           and steps) on the search world (scripts/search_world.py), 8 questions x 4, 64 new tokens a turn, 3 search
+  world:   lab/world0_policy (0.65M parameters, it searches and answers: rows stop at different turns
+           and steps) on the search world (lab/search_world.py), 8 questions x 4, 64 new tokens a turn, 3 search
            turns + the answer turn; with 32 slots (every row in one batch) and 8 slots (4x more rows than slots);
   smollm2: SmolLM2-135M-Instruct (Llama, offline: ../shared/tools/offline_model.py smollm2) on the shipped
            tests/fixtures/qa_sample (HotpotQA questions, its 600 passages), 2 questions x 4, 8 slots; greedy ids of
            every engine are also compared with hf's there (4 rows). Without the model folder the tests' tiny random
            model stands in (said in the table): its rows never stop early, so it shows little.
-Nothing is asserted: run(quick) returns the rows, `python benchmarks/speed_generation.py [--quick]` prints them.
+Nothing is asserted: run(quick) returns the rows, `python benchmarks/bench_speed_generation.py [--quick]` prints them.
 
-    nice -n 5 python benchmarks/speed_generation.py            # ~15 minutes on 2 busy cores at 1 thread
-    nice -n 5 python benchmarks/speed_generation.py --quick    # ~2 minutes: fewer rows, tokens and repeats
+    nice -n 5 python benchmarks/bench_speed_generation.py            # ~15 minutes on 2 busy cores at 1 thread
+    nice -n 5 python benchmarks/bench_speed_generation.py --quick    # ~2 minutes: fewer rows, tokens and repeats
 """
 
 import argparse
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 from data import load_questions  # noqa: E402
 from engine import GENERATORS, hf_generator  # noqa: E402
@@ -63,7 +63,7 @@ def workloads(quick: bool, tmp: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     paths = search_world.write_world(search_world.make_world(seed=0), tmp)
-    policy = ROOT / "scripts" / "world0_policy"
+    policy = ROOT / "lab" / "world0_policy"
     world = dict(model=AutoModelForCausalLM.from_pretrained(policy).eval(), tok=AutoTokenizer.from_pretrained(policy),
                  rows=load_questions(str(paths["test"]))[:4 if quick else 8],
                  search=BM25Retriever.from_jsonl(str(paths["corpus"])).search, group_size=4, max_new_tokens=64,

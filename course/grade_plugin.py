@@ -1,4 +1,4 @@
-"""The grading plugin of scripts/grade.py, copied into each graded tree as tests/_grading.py. It reads grading.json in
+"""The grading plugin of course/grade.py, copied into each graded tree as tests/_grading.py. It reads grading.json in
 the working folder and works in one of three modes:
 
 * plan (pytest `-p _grading`, our code only): each exercise function is wrapped; every call a test makes to it (not

@@ -26,9 +26,9 @@ analyzed, keeping those with a word in the index: 512 of them (--queries), timed
 batches of 128 (ms/query batched = batch time / 128). Repeats are interleaved (each repeat runs every engine in
 turn); the table gives the best of N repeats (labelled so) and the median; os.getloadavg() is printed before and after.
 
-    python benchmarks/speed_retrieval.py --data DIR                     # 13,823 and 100K passages: ~15 min on 2 cores
-    python benchmarks/speed_retrieval.py --data DIR --sizes 1000000 --repeats 2 --build-repeats 1 --queries 256
-    python benchmarks/speed_retrieval.py --quick                        # the shipped sample: a smoke run, ~1 min
+    python benchmarks/bench_speed_retrieval.py --data DIR                 # 13,823 and 100K passages: ~15 min on 2 cores
+    python benchmarks/bench_speed_retrieval.py --data DIR --sizes 1000000 --repeats 2 --build-repeats 1 --queries 256
+    python benchmarks/bench_speed_retrieval.py --quick                    # the shipped sample: a smoke run, ~1 min
 """
 
 import argparse

@@ -2,15 +2,15 @@
 functions are replaced by `raise NotImplementedError`, their signatures and docstrings kept (they give the shapes, the
 equation and the source). Functions are found by name with the `ast` module, so our code carries no markers.
 
-    python scripts/make_assignment.py --out DIR                       # every exercise
-    python scripts/make_assignment.py --out DIR --exercises advantages kl
-    python scripts/make_assignment.py --out DIR --hold-back tests/test_exercises.py
+    python course/make_assignment.py --out DIR                       # every exercise
+    python course/make_assignment.py --out DIR --exercises advantages kl
+    python course/make_assignment.py --out DIR --hold-back tests/test_exercises.py
 
 The copy holds the tracked files (`git ls-files`; without git: the tree less .git, data, runs and caches), so it has
 no data, runs or virtual env, and never the paths in INSTRUCTOR_ONLY (the planted wrong answers, the snapshots and
-their generator, the kit's tests, the grader). `--hold-back PATH ...` leaves more out (e.g. the graded tests: grade.py
+their generator, the kit's tests, course/). `--hold-back PATH ...` leaves more out (e.g. the graded tests: grade.py
 runs its own). A copy in which a line of a blanked body appears is refused (`solution_lines`, `leaks`). Grade a copy
-with `python scripts/grade.py DIR` from this (the solution) repository; the ast machinery here (`find`, `blank`,
+with `python course/grade.py DIR` from this (the solution) repository; the ast machinery here (`find`, `blank`,
 `splice`) is also what grade.py uses to put the student's function bodies into our modules.
 """
 
@@ -46,9 +46,9 @@ EXERCISES = {
 }
 SKIP = {".git", "data", "runs", "__pycache__", ".venv", ".pytest_cache"}
 # never in a student copy: the planted wrong answers (our functions with one edit each), the snapshots (our outputs)
-# and their generator, the kit's own tests and the grader
+# and their generator, the kit's own tests, and the kit itself (course/: this file, the grader and its plugin)
 INSTRUCTOR_ONLY = ["tests/course", "tests/snapshots", "tests/make_snapshots.py", "tests/test_course.py",
-                   "tests/test_grader.py", "scripts/grade.py", "scripts/grade_plugin.py", "scripts/make_assignment.py"]
+                   "tests/test_grader.py", "course"]
 
 
 def find(tree: ast.Module, name: str) -> ast.FunctionDef | None:
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
         return 1
     total = sum(EXERCISES[e]["points"] for e in args.exercises)
     print(f"{len(args.exercises)} exercises, {total} points; handout: docs/course.md; "
-          f"grade from this repository with: python scripts/grade.py {args.out}")
+          f"grade from this repository with: python course/grade.py {args.out}")
     return 0
 
 
