@@ -258,3 +258,22 @@ def test_world_0_starts_from_the_committed_warm_start_and_another_recipe_trains_
         with pytest.raises(Built):
             spiral.main(["--world", str(tmp_path / f"w{len(calls)}"), "--out", str(tmp_path / "out"), *flags])
     assert [c[-1] for c in calls] == ["0", "7"]  # trained: --seed 0 with the default recipe; --sft-steps 7
+
+
+def test_delta_tables_prints_every_row_of_every_file(tmp_path, capsys):
+    """--delta-tables: one markdown row per probe.py result file x (k, lambda), the fraction with its interval, the
+    set means by part; a probe with no mixed group reads "-" (nothing to average), never a number."""
+    import json
+
+    cells = {f"delta_{s}{p}": v for s, v in (("correct", 0.5), ("incorrect", -2.0))
+             for p in ("", "_first", "_later", "_answer")}
+    rows = [{"k": 1, "llds": 0.0, "groups": 48, "mixed": 7, "frac_neg": 2 / 7, "ci95": [0.08, 0.64], **cells},
+            {"k": 2, "llds": 0.2, "groups": 48, "mixed": 0, "frac_neg": None, "ci95": [0.0, 1.0],
+             **dict.fromkeys(cells)}]
+    (tmp_path / "a.json").write_text(json.dumps({"args": {"model": "ckpt/step_5"}, "rows": rows}))
+    spiral.main(["--delta-tables", str(tmp_path / "a.json")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[1].startswith("|---")
+    assert lines[2] == ("| ckpt/step_5 | 1 | 0 | 7 / 48 | 0.29 [0.08, 0.64] | +0.50 / +0.50 / +0.50 / +0.50 "
+                        "| -2.00 / -2.00 / -2.00 / -2.00 |")
+    assert lines[3] == "| ckpt/step_5 | 2 | 0.2 | 0 / 48 | - | - / - / - / - | - / - / - / - |"
