@@ -1,32 +1,20 @@
 """The BM25 index: a corpus's words in posting lists (`SparseBM25`), scored as Lucene or as rank-bm25 scores them.
 
-A passage's text becomes words through an analyzer (`ANALYZERS`); `SparseBM25.build` stores, for each word, the
-passages that hold it (its posting list) with each one's precomputed term score, so a query adds up only the posting
-lists of its words. retriever.BM25Retriever searches with it (and caches each built index on disk). Two variants
-(`BM25_VARIANTS`, train.py and evaluate.py `--bm25`; SparseBM25 has the formulas):
-  * "lucene" (default): what Search-R1's BM25 baseline runs, pyserini's LuceneSearcher over wiki-18 with Anserini's
-    defaults: Lucene's BM25Similarity (idf ln(1 + (N - df + 0.5) / (df + 0.5)), k1=0.9, b=0.4, no (k1 + 1) factor, in
-    float32) over Lucene's English analysis (UAX #29 words, possessive 's removed, lower-cased, 33 stop words, Porter
-    stems; `english_analyze`), a repeated query word weighted by its count (Anserini's bag-of-words query). Matched:
-    the float32 arithmetic step by step, the passage length as Lucene stores it, in one byte (SmallFloat: exact below
-    40 tokens, 4 significant bits above; `lucene_doc_length`), N counting only passages with a word (Lucene's
-    docCount), Java's letter-by-letter lower-casing, the 255-character word limit. tests/test_bm25.py checks words and
-    scores against Lucene 8.7 itself; docs/retrieval.md gives the agreement measured on a 13,823-passage corpus.
-  * "okapi": rank-bm25's BM25Okapi (ATIRE idf ln((N - df + 0.5) / (df + 0.5)), negative idfs floored at 0.25 * mean
-    idf, (k1 + 1) factor) over lower-cased \\w+ words (`tokenize`), bitwise rank-bm25's floats. It is not Lucene at
-    all (no stemming, no stop words, another idf), and finds fewer supporting passages in the top 3
-    (benchmarks/bench_retrieval.py).
-
-Departures from Search-R1's BM25 (pyserini; numbered, NOTE(departure) marks the lines):
-  1. "lucene" splits words by the regex module's Unicode tables (UAX #29), Lucene by those its StandardTokenizer was
-     generated from (older ones; pyserini's Lucene 9 has others again): alone between spaces, 30,115 of the 1,112,064
-     code points are treated differently by Lucene 8.7, mostly letters encoded since and symbols reclassified since;
-     in our development corpus, only the music signs ♭ ♮ ♯ (Lucene 8.7 makes words of them, we drop them). Flag
-     and keycap emoji sequences are not words here; words over 255 characters are cut by code points, not UTF-16
-     units. Java's Math.log may differ from C's log in the last bit of a float64, which the float32 idf then hides
-     almost always.
-  2. Ties are broken by passage order (`top_k`), Anserini's by the passage id string.
-
+An analyzer (`ANALYZERS`) turns each of the N passages d into words; a query q (its words w, repeats count) scores
+    score(q, d) = sum_{w in q} idf(w) * g * tf(w, d) / (tf(w, d) + k1 * (1 - b + b * |d| / avgdl)),
+tf(w, d) the count of w in d, |d| the length of d in words, avgdl its mean, df(w) the passages holding w. Two variants
+(`BM25_VARIANTS`, train.py and evaluate.py `--bm25`):
+  * "lucene" (default), what Search-R1's BM25 baseline runs (pyserini's LuceneSearcher, Anserini's defaults): Lucene's
+    BM25Similarity, idf = ln(1 + (N - df + 0.5) / (df + 0.5)), g = 1, k1 = 0.9, b = 0.4, in float32 step by step, |d|
+    in Lucene's one byte (SmallFloat: exact below 40; `lucene_doc_length`), N = passages with a word (docCount), over
+    Lucene's English analysis (UAX #29 words, possessive 's removed, Java lower-casing, 33 stop words, Porter stems,
+    words cut at 255 characters; `english_analyze`). tests/test_bm25.py checks words and scores against Lucene 8.7.
+  * "okapi": rank-bm25's BM25Okapi, idf = ln((N - df + 0.5) / (df + 0.5)), negative ones floored at 0.25 * mean idf,
+    g = k1 + 1, over lower-cased \\w+ words (`tokenize`), bitwise rank-bm25's floats; not Lucene at all (no stems, no
+    stop words), it finds fewer supporting passages in the top 3 (benchmarks/bench_retrieval.py).
+`SparseBM25.build` stores each word's posting list (the passages holding it, each with its term score), so a query adds
+up only its words' lists; retriever.BM25Retriever searches with it. Departures (Unicode tables, ties by passage order):
+docs/departures.md, 30-31; agreement with Lucene measured: docs/retrieval.md.
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
 
 Run `python bm25.py` for a demo: both analyzers on one question, both variants' top passages of a 3-passage corpus.
@@ -74,7 +62,7 @@ def tokenize(text: str) -> list[str]:
 # boundaries (WORD flag), plus runs of Thai/Lao/Khmer/Myanmar letters (UAX #29 leaves those to a dictionary; Lucene
 # keeps each run whole). A segment is a token when it holds a letter, a digit, a kana/ideograph or a pictograph;
 # spaces and punctuation are dropped. So "O'Neil's U.S. 3.14 e-mail" -> ["O'Neil's", "U.S", "3.14", "e", "mail"].
-# NOTE(departure 1): the regex module's Unicode tables, not those Lucene's tokenizer was generated from.
+# NOTE(departure 30): the regex module's Unicode tables, not those Lucene's tokenizer was generated from.
 _SEGMENT = regex.compile(r"\p{Line_Break=Complex_Context}+|\b.+?\b", flags=regex.WORD | regex.V1 | regex.DOTALL)
 _TOKEN_CHAR = regex.compile(r"[\p{Word_Break=ALetter}\p{Word_Break=Hebrew_Letter}\p{Word_Break=Numeric}"
                             r"\p{Word_Break=Katakana}\p{Script=Han}\p{Script=Hiragana}\p{Extended_Pictographic}"
@@ -427,7 +415,7 @@ class SparseBM25:
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the <= k best scores > 0, best first, ties by passage order: the first k of a stable descending
     argsort, without sorting all D scores (np.partition finds the k-th best, then only the survivors are sorted)."""
-    cand = np.flatnonzero(scores > 0)  # [n] ascending passage index; NOTE(departure 2): Anserini ties by id string
+    cand = np.flatnonzero(scores > 0)  # [n] ascending passage index; NOTE(departure 31): Anserini ties by id string
     if len(cand) > k:
         kth = np.partition(scores[cand], len(cand) - k)[len(cand) - k]  # the k-th largest score
         cand = cand[scores[cand] >= kth]  # keeps every passage tied with it, still in passage order

@@ -8,8 +8,8 @@ split test, else dev (Search-R1 `qa_search_test_merge.py`). Columns Gen-Avg / MH
 sources, as in the paper's Tables 1-4.
 Extra columns: token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per question,
 and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
-Departures: 1. a fixed, seeded subset with --limit (P24), so every evaluation of a run scores the same
-questions; 2. sub-EM skips golds that normalise to "" (FlashRAG would count them as found in any answer; cf. P20).
+--limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions. Sub-EM, like EM,
+never counts a gold that normalises to "" (departure 9 in docs/departures.md; FlashRAG counts it in any answer).
 
     python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
         --corpus data/hotpotqa/corpus.jsonl --limit 20
@@ -118,7 +118,7 @@ def sub_em(prediction: str | None, golden_answers) -> float:
         return 0.0
     pred = normalize_answer(prediction)
     golds = [normalize_answer(g) for g in ([golden_answers] if isinstance(golden_answers, str) else golden_answers)]
-    return float(any(g and g in pred for g in golds))  # NOTE(departure): a gold normalising to "" never counts (2.)
+    return float(any(g and g in pred for g in golds))  # NOTE(departure 9): a gold normalising to "" never counts
 
 
 def retrieved_titles(retrieved: list[list[dict]]) -> list[str]:

@@ -254,7 +254,7 @@ def autocast(amp: str, device: str, dtype: str = "auto", fsdp: bool = False):
 def enable_grad_ckpt(model):
     """Checkpoint each decoder layer with torch's non-reentrant checkpoint, whenever gradients are on.
 
-    NOTE(departure): not model.gradient_checkpointing_enable(): HF checkpoints only in train mode, and the policy
+    NOTE: not model.gradient_checkpointing_enable(): HF checkpoints only in train mode, and the policy
     stays in eval mode (P18), where that call silently does nothing. Returns `model` (changed in place).
     """
     for layer in model.model.layers:
@@ -279,7 +279,7 @@ def collate(episodes, pad_id: int) -> dict:
     for e in episodes:
         lp, lr = len(e.prompt_ids), len(e.response_ids)
         ids.append([pad_id] * (P - lp) + e.prompt_ids + e.response_ids + [pad_id] * (T - lr))
-        # NOTE(departure): masks by position (lengths), never `ids != pad`, which erases EOS when pad == eos (P9)
+        # NOTE(departure 3): masks by position (lengths), never `ids != pad`, which erases EOS when pad == eos (P9)
         attn.append([0] * (P - lp) + [1] * (lp + lr) + [0] * (T - lr))
         loss_mask.append(e.loss_mask + [0] * (T - lr))
         ans.append(e.answer_mask + [0] * (T - lr))
@@ -312,7 +312,7 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
     P = L - T - left  # prompt columns kept
     out = model(input_ids=cut("input_ids"), attention_mask=cut("attention_mask"), position_ids=cut("position_ids"),
                 logits_to_keep=torch.arange(P - 1, P + t - 1), use_cache=False)
-    logits = out.logits[..., :vocab_size]  # [b, t, V] position j predicts response token j
+    logits = out.logits[..., :vocab_size]  # [b, t, V] j predicts token j; NOTE(departure 6): tokenizer ids only (P16)
     targets = cut("input_ids")[:, P:]  # [b, t]
     chunks = list(zip(logits.split(64, 1), targets.split(64, 1)))  # no [b, t, V] fp32 log-softmax held whole
     if with_entropy:  # each chunk recomputed in backward; split: one gradient buffer, not one per slice

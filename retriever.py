@@ -1,42 +1,23 @@
 """Search a passage corpus, in this process or over HTTP: the search engine behind the agent's <search> calls.
 
-`BM25Retriever` searches a jsonl corpus in this process with BM25 (bm25.py: Lucene's scoring by default, as pyserini,
-or rank-bm25's Okapi). `RemoteRetriever` asks a server that speaks Search-R1's /retrieve API: ours
-(scripts/retrieval_server.py), or Search-R1's own e5/faiss or pyserini server for paper-scale corpora (wiki-18, 21M
-passages; the paper retrieves with E5). Both give rollout.rollout its `search(queries, topk) -> hits per query`;
-`make_retriever` picks one for train.py and evaluate.py.
+`BM25Retriever` indexes a jsonl corpus (D passages) in this process with BM25 (bm25.py: Lucene's scoring by default, as
+pyserini, or rank-bm25's Okapi), which scores a query q against each passage d as (w in q: its words, repeats count)
+    s(q, d) = sum_{w in q} idf(w) * g * tf(w, d) / (tf(w, d) + k1 * (1 - b + b * |d| / avgdl))
+and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores (g, idf: bm25.py).
+`RemoteRetriever` asks a server that speaks Search-R1's /retrieve API instead: ours (scripts/retrieval_server.py), or
+Search-R1's own e5/faiss or pyserini server for paper-scale corpora (wiki-18, 21M passages; the paper retrieves with
+E5). Both give rollout.rollout its `search(queries, topk) -> hits per query`; `make_retriever` picks one.
 
-What it matches in Search-R1:
-  * `search_r1/search/retrieval_server.py` (BM25 path): one ranked list per query, best first, at most `topk`
-    passages, each returned as {"document": corpus row, "score": float}, the `/retrieve` response shape with
-    `return_scores=true`. The corpus is jsonl rows {"id": str, "contents": '"Title"\\ntext'} (data.load_corpus).
-  * its HTTP API, spoken by `RemoteRetriever`: POST /retrieve {"queries": [str], "topk": int, "return_scores": bool}
-    -> {"result": [[{"document", "score"}, ...], ...]}, or {"result": [[document, ...], ...]} when return_scores is
-    false. So train.py --retriever-url can also point at Search-R1's own e5/faiss or pyserini server.
-The model sees the hits as rollout.format_passages writes them (Search-R1's `_passages2string`).
+Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its API: POST /retrieve {"queries": [str],
+"topk": int, "return_scores": bool} -> {"result": [[{"document": corpus row, "score": float}, ...] per query]}, or
+[[document, ...] per query] without scores; corpus rows are {"id": str, "contents": '"Title"\\ntext'}
+(data.load_corpus). The model sees the hits as rollout.format_passages writes them (Search-R1's `_passages2string`).
+Departures (hits and scores aligned, only scores > 0, ties by passage order): docs/departures.md, 28-31.
 
-Departures from Search-R1 (numbered; NOTE(departure) marks the lines; bm25.py lists the scoring's own):
-  1. (P23) results and scores are always aligned and len <= topk: each hit carries its own score. Search-R1's
-     BM25 path reads the scores before cutting the hit list to `num`, so the two lists can differ in length, and its
-     server crashes on `return_scores=false` (ours returns the documents).
-  2. Only hits with score > 0 are returned, so passages with no query word never are (nor, with okapi in a toy corpus
-     whose mean idf is <= 0, passages matching only floored words): a query of unknown words, an empty, a
-     whitespace-only or (lucene) a stop-word-only query gives [], and a query matching fewer than `topk` passages gives
-     fewer hits, silently (Search-R1 warns "Not enough documents retrieved!"). topk < 1 is an error, not an empty
-     list. Ties are broken by passage order.
-  3. In-process and exact. okapi has two engines giving bitwise the same scores: "rank_bm25" (the reference, default
-     up to SPARSE_ABOVE passages) scores every passage word by word; "sparse" (bm25.SparseBM25, default above) adds up
-     only the posting lists of the query's words, >100x faster from 1e4 passages. lucene always runs on "sparse"
-     (rank-bm25 has no Lucene BM25). The sparse index is cached on disk, per corpus file, variant and analyzer.
-     wiki-18 (21M passages) still calls for Search-R1's own server.
-
-Shapes: D = passages in the corpus; `scores` is [D] per query.
-
-Run (CORPUS.jsonl: your corpus, rows as above):
-  python retriever.py                                                  # demo on a built-in 5-passage corpus
-  python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] [--bm25 okapi]
-  python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000 [--bm25 okapi]  # serve Search-R1's /retrieve
-  python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
+    python retriever.py                                                  # demo on a built-in 5-passage corpus
+    python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] [--bm25 okapi]
+    python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000 [--bm25 okapi]  # serve Search-R1's /retrieve
+    python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
 """
 
 import argparse
@@ -114,7 +95,7 @@ class BM25Retriever:
                 index = BM25Okapi(tokenized, k1=k1, b=b)  # rank-bm25's default epsilon=0.25 floors negative idfs
         self.bm25 = index  # either engine: .get_scores(words) -> [D]
         best = index.values.max() if isinstance(index, SparseBM25) else max(index.idf.values(), default=0.0)
-        if bm25 == "okapi" and not best > 0:  # NOTE(departure 2): only scores > 0 are hits, so none ever is
+        if bm25 == "okapi" and not best > 0:  # NOTE(departure 29): only scores > 0 are hits, so none ever is
             print(f"warning: --bm25 okapi finds no passage in this {len(corpus)}-passage corpus: rank-bm25's idf "
                   "ln((N - df + 0.5) / (df + 0.5)) is <= 0 for every word (each is in half the passages or more); "
                   "--bm25 lucene's is > 0", file=sys.stderr, flush=True)
@@ -155,19 +136,19 @@ class BM25Retriever:
         """For each query, its best <= topk passages as [{"document": {"id", "contents"}, "score": float}, ...].
 
         Matches the `/retrieve` response of Search-R1's retrieval_server.py (one list per query, best first), except
-        departures 1-3: only passages with score > 0 (i.e. containing a query word) are returned, ties keep passage
+        departures 28-31: only passages with score > 0 (i.e. containing a query word) are returned, ties keep passage
         order, and an empty/whitespace/unknown-word query gives []. Raises ValueError if topk < 1, TypeError if
         `queries` is a single string.
         """
         check_request(queries, topk)
         words = [self.analyze(query) for query in queries]  # [Q] word lists
-        live = [w for w in words if w]  # NOTE(departure 2): no word (empty, whitespace, stop words) -> no hits
+        live = [w for w in words if w]  # NOTE(departure 29): no word (empty, whitespace, stop words) -> no hits
         if isinstance(self.bm25, SparseBM25):  # a turn's queries in one call, each from its posting lists
             tops = iter(self.bm25.top_many(live, topk))
         else:  # rank-bm25: one [D] score vector per query, as Search-R1's BM25 _batch_search loops
             tops = ((order, scores[order]) for scores in map(self.bm25.get_scores, live)
-                    for order in [top_k(scores, topk)])  # [<=topk] best first; NOTE(departure 2): score > 0
-        # NOTE(departure 1): doc and score travel together, so they can never misalign or exceed topk (P23).
+                    for order in [top_k(scores, topk)])  # [<=topk] best first; NOTE(departure 29): score > 0
+        # NOTE(departure 28): doc and score travel together, so they can never misalign or exceed topk (P23).
         return [[self._hit(i, score) for i, score in zip(*next(tops))] if w else [] for w in words]
 
     def prepare(self, say=None):
