@@ -377,7 +377,8 @@ def main(argv=None):
     for w, lr, lam, seed, run in cells:
         files = worlds[w]
         if run in flags:
-            print(f"\n=== world {w}, lr {lr:g}, lambda {lam:g}, seed {seed}: {run}" + " (resumed)" * bool(flags[run]))
+            print(f"\n=== run {cells.index((w, lr, lam, seed, run)) + 1} of {len(cells)}: world {w}, lr {lr:g}, "
+                  f"lambda {lam:g}, seed {seed}: {run}" + (" (resumed)" if flags[run] else ""))
             train.main(train.parse_args(["--model", str(files["policy"]), "--train-data", str(files["train"]),
                                          "--corpus", str(files["corpus"]), *RL, *extra, "--steps", str(args.steps),
                                          "--lr", str(lr), "--llds", str(lam), "--seed", str(seed),
