@@ -155,6 +155,7 @@ def parse_args(argv=None) -> Args:
     `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.print_usage = lambda file=None: None  # a bad value is one line (its error), not 40 lines of usage first
     group, groups, docs = None, {}, {}
     for line in inspect.getsource(Args).splitlines():
         if m := re.fullmatch(r"    # --- (.+)", line):

@@ -156,8 +156,9 @@ def test_parse_args_names_the_flag_and_its_valid_range(capsys, flag, value, vali
     with pytest.raises(SystemExit) as stop:
         parse_args([f"{flag}={value}"])  # "=": argparse reads "-1e-6" alone as an option
     assert stop.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.endswith(f"error: {flag} must be {valid}, got {value if flag in INT_FLAGS else float(value)}"), err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines  # one line, not argparse's usage block first
+    assert lines[0].endswith(f"error: {flag} must be {valid}, got {value if flag in INT_FLAGS else float(value)}")
     parse_args([])  # the defaults are valid
 
 
