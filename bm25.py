@@ -16,7 +16,6 @@ tf(w, d) the count of w in d, |d| the length of d in words, avgdl its mean, df(w
 up only its words' lists; retriever.BM25Retriever searches with it. Departures (Unicode tables, ties by passage order):
 docs/departures.md, 30-31; agreement with Lucene measured: docs/retrieval.md.
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
-
 Run `python bm25.py` for a demo: both analyzers on one question, both variants' top passages of a 3-passage corpus.
 """
 

@@ -8,16 +8,13 @@ exactly that size; anything else is ignored. A save goes:
     1. write every file into checkpoints/step_N.tmp/ and fsync it      (a kill here leaves a .tmp: never read)
     2. write COMPLETE (names and sizes) and fsync it
     3. rename step_N.tmp -> step_N, fsync checkpoints/                  (atomic: step_N is whole or absent)
-    4. rename the checkpoints beyond the newest `keep` to .trash, then delete them   (renamed first, so a half-deleted
-       folder is never mistaken for a checkpoint)
+    4. rename the checkpoints beyond the newest `keep` to .trash, then delete them (a half-deleted one is never read)
 
-so at every instant the previous checkpoint is complete, and the newest complete one is what --resume finds. Leftover
-.tmp and .trash folders are removed by the next save. A save that fails (no space left, ...) removes its .tmp folder,
-so the disk holds what it held before, and raises OSError. What train.py puts in a checkpoint and takes back out is
-save_checkpoint's and restore's: the weights, the optimizer state and every rank's RNG states, so a resumed run goes
-on exactly as the uninterrupted one; under FSDP both are collectives (every rank joins the gathers, rank 0 writes).
-Around that, the run folder's rules: an --out-dir that holds a run is not reused silently (check_out_dir), and
-Ctrl-C / SIGTERM stop a run at the end of a step, after its checkpoint (stop_requests).
+so at every instant the previous checkpoint is complete; the newest complete one is what --resume finds. A failed
+save (no space left, ...) removes its .tmp and raises OSError. save_checkpoint / restore hold the weights, the
+optimizer state and every rank's RNG states, so a resumed run goes on exactly as the uninterrupted one (under FSDP
+both are collectives). check_out_dir and stop_requests keep the run folder's rules (no silent reuse; Ctrl-C stops
+after a step's checkpoint).
 
     python checkpoint.py RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
 """

@@ -4,8 +4,7 @@ Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, T
 the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3), top-3
 passages, score = EM (rollout.em_check, the training reward) per data_source, which _validate logs as
 val/test_score/<data_source>. Test sets: FlashRAG's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle,
-split test, else dev (Search-R1 `qa_search_test_merge.py`). Columns Gen-Avg / MH-Avg / Avg are unweighted means over
-sources, as in the paper's Tables 1-4.
+split test, else dev (Search-R1 `qa_search_test_merge.py`). Gen-Avg / MH-Avg / Avg: unweighted means over sources.
 Extra columns: token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per question,
 and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
 --limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions. Sub-EM, like EM,
@@ -15,14 +14,9 @@ never counts a gold that normalises to "" (departure 9 in docs/departures.md; Fl
         --corpus data/hotpotqa/corpus.jsonl --limit 20
     python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki-18.jsonl --compare-paper 3B-Base
 
-Prints a table (one row per data_source, then the averages) and writes the per-question records and scores as JSON
-(--out, default <model folder>/eval.json; RUN/eval_step_N.json for a RUN/checkpoints/step_N folder, which the run's next
-save may delete; ./eval.json for a hub id) and the records to the .jsonl beside it (eval.jsonl). While it runs, the
-records go to eval.jsonl.partial as they are produced (eval.jsonl.partial.new if an evaluation that stopped left
-its records there: those stay until the new one is complete), so an evaluation that stops early keeps what it
-scored; both files are in place only once it is complete. --out is checked before anything is read or written: never
-an input file (--data, --corpus, the model's files), never inside a checkpoint folder, and an earlier evaluation is
-replaced only with --overwrite (and kept until the new one is complete).
+Prints a table (one row per data_source, then the averages) and writes the scores and records to --out (JSON, and the
+records to the .jsonl beside it), records streaming to a .partial file kept until the evaluation completes; --out is
+checked first (never an input file or a checkpoint folder; an earlier evaluation is replaced only with --overwrite).
 """
 
 import argparse

@@ -16,8 +16,7 @@ Departures (hits and scores aligned, only scores > 0, ties by passage order): do
 
     python retriever.py                                                  # demo on a built-in 5-passage corpus
     python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] [--bm25 okapi]
-    python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000 [--bm25 okapi]  # serve Search-R1's /retrieve
-    python train.py --retriever-url http://127.0.0.1:8000/retrieve ...   # train against that server
+    python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000  # serve it (train.py --retriever-url ...)
 """
 
 import argparse

@@ -678,6 +678,7 @@ def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files
     assert policy.reference_dtype("bfloat16", "cpu") == "bfloat16"  # as given
     train_in_process(files, files["dir"] / "ref_auto", "--steps", "1")
     assert "1 x cpu, reference float32 |" in capsys.readouterr().out  # the start-up line says which
-    assert json.loads((files["dir"] / "ref_auto" / "args.json").read_text())["ref_dtype"] == "float32"
+    saved = json.loads((files["dir"] / "ref_auto" / "args.json").read_text())
+    assert saved["ref_dtype"] == "float32"  # exact: a dtype's name, a string
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
     assert policy.reference_dtype("auto", "cpu") == "bfloat16"
