@@ -399,6 +399,8 @@ def main():
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
+    ap.add_argument("--fsdp", choices=("both", "off", "on"), default="both",
+                    help="part 3's runs: without and with --fsdp (default), or one of them")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds after which no part starts (default {BUDGET_S})")
     ap.add_argument("--out", default="runs/gpu_check.json", help="the JSON of every figure (rewritten after each part)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -452,7 +454,7 @@ def main():
         print(gen_table(report["generation"]), flush=True)
         save()
         for m in models:
-            for fsdp in (False, True):
+            for fsdp in {"both": (False, True), "off": (False,), "on": (True,)}[a.fsdp]:
                 report["rows"].append(train_row(m, params[m], tmp / m, fsdp, flags + data, tmp, peak_flops,
                                                 a.budget - (time.time() - t0), env, t0))
                 r = report["rows"][-1]

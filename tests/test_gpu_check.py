@@ -51,3 +51,14 @@ def test_bad_input_is_one_clear_line():
         r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
             "error: no CUDA device: run with --tiny on a CPU"), r.stderr
+
+
+def test_fsdp_on_alone_runs_only_that_row(tmp_path):
+    """--fsdp on: part 3 runs the one-rank torchrun row alone (a lease spends its minutes on what is left)."""
+    out = tmp_path / "x.json"
+    r = hang.run([*SCRIPT, "--tiny", "--fsdp", "on", "--main-prompts", "0", "--out", str(out)],
+                 cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", True)]
+    assert "error" not in report["rows"][0] and report["main"]["error"] == "left out (--main-prompts 0)"
