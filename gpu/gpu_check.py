@@ -166,6 +166,22 @@ def child(model: str, out_dir: str, flags: list[str]):
         plans.extend([out[-1], memory_plan(*a, **{**kw, "rows": PAPER_PROMPTS * args.group_size})[-1]])
         return out
 
+    def traced(make):  # each generate call's rows, longest output and seconds on stderr: a step cut short says where
+        def made(*a, **kw):
+            generate = make(*a, **kw)
+
+            def call(contexts):
+                t = time.time()
+                outs = generate(contexts)
+                sync()
+                print(f"generate: {len(contexts)} rows, contexts up to {max(map(len, contexts))} tokens, "
+                      f"{max(map(len, outs))} new at most, {time.time() - t:.1f} s", file=sys.stderr, flush=True)
+                return outs
+            call.eos_ids, call.reset = generate.eos_ids, getattr(generate, "reset", lambda: None)
+            return call
+        return made
+
+    train.GENERATORS = {k: traced(v) for k, v in train.GENERATORS.items()}
     train.collate, train.log_step, train.memory_plan = counted_collate, logged_step, kept_plan
     train.save_checkpoint = lambda *a, **kw: None  # no 37 GB checkpoint of random weights (the docstring)
     train.main(args)
@@ -324,6 +340,7 @@ def train_row(name: str, params: int, model: Path, fsdp: bool, flags: list[str],
             "reserved_gib": got["max_reserved_bytes"] / 2**30 if got["max_reserved_bytes"] else None,
             "plan": plan_figures(got["plan"]), "plan_text": got["plan"], "plan_paper": plan_figures(got["plan_paper"]),
             "mfu": flops / update_s / peak_flops if peak_flops else None,
+            "generate_calls": [line for line in stderr.splitlines() if line.startswith("generate: ")],
             "logp_mfu": 2 * 2 * params * s["tokens"] / s["perf/logp_s"] / peak_flops if peak_flops else None,
             "steps": got["steps"]}
 
@@ -399,6 +416,8 @@ def main():
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
+    ap.add_argument("--parts", nargs="+", choices=("gen", "train", "main"), default=["gen", "train", "main"],
+                    help="parts 4, 3 and 5 to run (default all; part 2, the tests, is --tests)")
     ap.add_argument("--fsdp", choices=("both", "off", "on"), default="both",
                     help="part 3's runs: without and with --fsdp (default), or one of them")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds after which no part starts (default {BUDGET_S})")
@@ -445,15 +464,16 @@ def main():
                       None if a.tiny else TEST_WORKERS)
         params = {}
         gen_model = "tiny" if a.tiny else a.gen_model or models[0]
-        for m in dict.fromkeys([gen_model, *models]):
+        for m in dict.fromkeys([gen_model] * ("gen" in a.parts) + models * bool({"train", "main"} & set(a.parts))):
             t = time.time()
             params[m] = build(m, tmp / m, device)
             print(f"built {m}: {params[m] / 1e6:,.1f}M parameters, random weights, in {time.time() - t:.0f} s", flush=True)
         report["generation"] = gen_row(tmp / gen_model, tmp / "world" / "world_train.jsonl", tmp, *GEN[kind],
-                                       a.budget - (time.time() - t0), env)
+                                       a.budget - (time.time() - t0), env) if "gen" in a.parts else \
+            {"error": "left out (--parts)"}
         print(gen_table(report["generation"]), flush=True)
         save()
-        for m in models:
+        for m in models * ("train" in a.parts):
             for fsdp in {"both": (False, True), "off": (False,), "on": (True,)}[a.fsdp]:
                 report["rows"].append(train_row(m, params[m], tmp / m, fsdp, flags + data, tmp, peak_flops,
                                                 a.budget - (time.time() - t0), env, t0))
@@ -463,7 +483,7 @@ def main():
                 save()
         prompts = MAIN_PROMPTS if a.main_prompts is None else a.main_prompts
         left = a.budget - (time.time() - t0)
-        if prompts and (a.tiny or left >= MAIN_MIN_S):
+        if "main" in a.parts and prompts and (a.tiny or left >= MAIN_MIN_S):
             main_flags = [*MAIN[kind], "--steps", "1", "--warmup-ratio", "0", "--llds", "0.1", *data,
                           *(["--device", "cpu"] if a.tiny else [])]
             if not a.tiny:
@@ -479,7 +499,7 @@ def main():
                   (r["error"] if "error" in r else f"step {r['step_s']:.1f} s; at {PAPER_PROMPTS} prompts: "
                    f"{r['extrapolated']['arithmetic']}"), flush=True)
         else:
-            report["main"] = {"error": "left out (--main-prompts 0)" if not prompts else
+            report["main"] = {"error": "left out (--main-prompts 0)" if not prompts or "main" not in a.parts else
                               f"not run: {left:.0f} s of the budget left, under {MAIN_MIN_S} s"}
         save()
         report["tests"] = tests.result()
@@ -492,7 +512,7 @@ def main():
           f"{report['seconds']:.0f} s in all")
     save()
     print(f"wrote {a.out}")
-    if any("error" in r for r in rows) or "error" in report["generation"]:
+    if any("error" in r for r in rows) or report["generation"].get("error", "left out").split()[:2] != ["left", "out"]:
         raise SystemExit(1)
 
 
