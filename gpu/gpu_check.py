@@ -340,7 +340,7 @@ def train_row(name: str, params: int, model: Path, fsdp: bool, flags: list[str],
             "reserved_gib": got["max_reserved_bytes"] / 2**30 if got["max_reserved_bytes"] else None,
             "plan": plan_figures(got["plan"]), "plan_text": got["plan"], "plan_paper": plan_figures(got["plan_paper"]),
             "mfu": flops / update_s / peak_flops if peak_flops else None,
-            "generate_calls": [line for line in stderr.splitlines() if line.startswith("generate: ")],
+            "generate_calls": re.findall(r"generate: [^\n\r]*", stderr),  # a progress bar's \r may lead the line
             "logp_mfu": 2 * 2 * params * s["tokens"] / s["perf/logp_s"] / peak_flops if peak_flops else None,
             "steps": got["steps"]}
 

@@ -44,11 +44,14 @@ from policy import autocast, enable_grad_ckpt, response_logp  # noqa: E402
 # From each model's config.json on the hub (Qwen/Qwen2.5-{0.5B,3B,7B}); the -Instruct models have the same shapes.
 CONFIGS = {
     "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768),
     "Qwen2.5-3B": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
-                       intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True),
+                       intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True,
+                       max_position_embeddings=32768),
     "Qwen2.5-7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
+                       max_position_embeddings=131072),
 }
 CARDS = {"80 GB": 80e9, "H200 141 GB": 141e9}  # decimal gigabytes, as the cards are sold (80 GB = 74.5 GiB)
 RATES = {  # the assumed rates of --step-time; the sources are in docs/scaling.md

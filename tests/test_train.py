@@ -676,7 +676,7 @@ def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)  # an AVX2 CPU: bf16 is emulated, ~8x slower
     assert policy.reference_dtype("auto", "cpu") == "float32" and policy.reference_dtype("auto", "cuda:0") == "bfloat16"
     assert policy.reference_dtype("bfloat16", "cpu") == "bfloat16"  # as given
-    train_in_process(files, files["dir"] / "ref_auto", "--steps", "1")
+    train_in_process(files, files["dir"] / "ref_auto", "--steps", "1", "--device", "cpu")  # the CPU path on a GPU too
     assert "1 x cpu, reference float32 |" in capsys.readouterr().out  # the start-up line says which
     saved = json.loads((files["dir"] / "ref_auto" / "args.json").read_text())
     assert saved["ref_dtype"] == "float32"  # exact: a dtype's name, a string
