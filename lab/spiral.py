@@ -303,6 +303,54 @@ def delta_tables(paths: list[str]) -> list[str]:
     return lines
 
 
+def probe_figure(columns: list[str], out) -> Path:
+    """Side by side, one column per "TITLE=RUN[,RUN...]" (a world's runs, a model's runs): the reward, and the fixed
+    probe responses' likelihood change since step 0 (probe/dlogp_*, nats/token: Def. A.3's quantity), correct and
+    incorrect, one line per run (labelled by its lambda), each run's collapse step (`collapse`) a dashed line. Each
+    panel keeps its own scale: the toy's probe moves by nats, a real model's at lr 1e-5 by thousandths. Raises
+    ValueError on a column without '='."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = []
+    for c in columns:
+        if "=" not in c:
+            raise ValueError(f"--probe-figure: {c!r} is not TITLE=RUN[,RUN...]")
+        title, runs = c.split("=", 1)
+        cols.append((title, [Path(r) for r in runs.split(",")]))
+    keys = (("rollout/reward", "reward (EM, the step's samples)"),
+            ("probe/dlogp_correct", "correct probe: Δ log π, nats/token"),
+            ("probe/dlogp_incorrect", "incorrect probe: Δ log π, nats/token"))
+    fig, axes = plt.subplots(3, len(cols), figsize=(6 * len(cols), 9), squeeze=False, sharex="col",
+                             layout="constrained")
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lams = {run: json.loads((run / "args.json").read_text()).get("llds", 0.0) for _, runs in cols for run in runs}
+    color = {lam: palette[i % len(palette)] for i, lam in enumerate(sorted(set(lams.values())))}  # a lambda, a colour
+    for j, (title, runs) in enumerate(cols):
+        for run in runs:
+            history, lam = plot_run.read_metrics(run), lams[run]
+            c = collapse([h["rollout/reward"] for h in history])["collapse_step"]
+            for ax, (key, ylabel) in zip(axes[:, j], keys):
+                ax.plot(*plot_run.series(history, key), color=color[lam], lw=1.6,
+                        label=f"λ {lam:g}" + (f", collapsed at step {c}" if c else ", no collapse"))
+                if c:
+                    ax.axvline(c, color=color[lam], ls="--", lw=0.9)
+                ax.set_ylabel(ylabel, fontsize=8)
+                ax.grid(alpha=0.3)
+        axes[0, j].set_title(title)
+        axes[0, j].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.08), ncol=2, frameon=False)
+        axes[-1, j].set_xlabel("training step")
+        axes[-1, j].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="data/world", help="world folder (built by lab/search_world.py if absent)")
@@ -322,7 +370,17 @@ def main(argv=None):
                     help="also measure the sampled test reward, this many trajectories per test question (0: off)")
     ap.add_argument("--delta-tables", nargs="+", default=[], metavar="JSON",
                     help="print one markdown table of these `probe.py --out` files and exit")
+    ap.add_argument("--probe-figure", nargs="+", default=[], metavar="OUT TITLE=RUN,RUN",
+                    help="draw the probe side by side (PNG OUT, then a column per TITLE=RUN[,RUN...]) and exit")
     args, extra = ap.parse_known_args(argv)
+    if args.probe_figure:
+        if len(args.probe_figure) < 2:
+            ap.error("--probe-figure needs OUT and at least one TITLE=RUN[,RUN...]")
+        try:
+            print(f"wrote {probe_figure(args.probe_figure[1:], args.probe_figure[0])}")
+        except (ValueError, FileNotFoundError) as err:
+            ap.error(str(err))
+        return
     if args.delta_tables:
         print("\n".join(delta_tables(args.delta_tables)))
         return

@@ -277,3 +277,28 @@ def test_delta_tables_prints_every_row_of_every_file(tmp_path, capsys):
     assert lines[2] == ("| ckpt/step_5 | 1 | 0 | 7 / 48 | 0.29 [0.08, 0.64] | +0.50 / +0.50 / +0.50 / +0.50 "
                         "| -2.00 / -2.00 / -2.00 / -2.00 |")
     assert lines[3] == "| ckpt/step_5 | 2 | 0.2 | 0 / 48 | - | - / - / - / - | - / - / - / - |"
+
+
+def test_probe_figure_draws_a_column_per_title_and_refuses_a_bad_one(tmp_path, capsys):
+    """--probe-figure OUT TITLE=RUN,RUN ...: one 6-inch column per title at 100 dpi (two: 1200 px wide); a column
+    without '=' is one argparse line naming the form."""
+    import json
+
+    import matplotlib.image
+
+    runs = []
+    for lam, rewards in ((0.0, [0.4, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0]), (0.2, [0.4, 0.3, 0.3, 0.4, 0.3, 0.4, 0.3])):
+        run = tmp_path / f"llds{lam:g}"
+        run.mkdir()
+        (run / "args.json").write_text(json.dumps({"llds": lam}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**h, "probe/dlogp_correct": -0.1 * h["step"],
+                                                               "probe/dlogp_incorrect": -0.2 * h["step"]}) + "\n"
+                                                   for h in history(rewards)))
+        runs.append(str(run))
+    out = tmp_path / "side.png"
+    spiral.main(["--probe-figure", str(out), f"toy={runs[0]},{runs[1]}", f"again={runs[1]}"])
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert matplotlib.image.imread(out).shape[1] == 1200
+    with pytest.raises(SystemExit):
+        spiral.main(["--probe-figure", str(out), runs[0]])
+    assert "is not TITLE=RUN[,RUN...]" in capsys.readouterr().err
