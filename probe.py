@@ -31,6 +31,7 @@ from grpo import group_advantages, grpo_loss
 from llds import action_segments, llds_loss
 from policy import batch_logp, collate, response_logp
 
+SAMPLE_CHUNK = 16  # questions per rollout call when sampling the Delta(x) probe's groups: a tick of its progress bar
 SETS = ("correct", "incorrect")
 PARTS = {"first": lambda seg, ans: seg == 1, "later": lambda seg, ans: seg > 1, "answer": lambda seg, ans: ans > 0}
 
@@ -280,8 +281,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="the rollouts' sampling seed")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--out", default="", help="write the table's rows here as JSON (default: print only); the "
-                    "rollouts and each finished group are kept beside it (OUT.groups.json, OUT.partial.jsonl) until "
-                    "the table is written, so the same command resumes a stopped probe")
+                    "rollouts (saved every 16 questions) and each finished group are kept beside it (OUT.groups.json, "
+                    "OUT.partial.jsonl) until the table is written, so the same command resumes a stopped probe")
     a = ap.parse_args(argv)
     for flag, v in (("--questions", a.questions), ("--group-size", a.group_size), ("--max-turns", a.max_turns + 1),
                     ("--max-new-tokens", a.max_new_tokens), ("--max-obs-tokens", a.max_obs_tokens),
@@ -300,34 +301,45 @@ def main(argv=None):
     saved_groups, partial = (Path(f"{out}.groups.json"), Path(f"{out}.partial.jsonl")) if out else (None, None)
     keep = {k: v for k, v in vars(a).items() if k != "out"}
     saved = json.loads(saved_groups.read_text()) if saved_groups and saved_groups.is_file() else None
-    if saved and saved["args"] != keep:
+    if saved and saved["args"] != keep:  # a stopped probe: its groups so far (and the sampler's RNG), or all of them
         changed = sorted(k for k in keep if saved["args"].get(k) != keep[k])
         raise SystemExit(f"error: --out {out}: a stopped probe with other flags ({', '.join(changed)}) is kept "
                          f"beside it in {saved_groups.name}; give another --out, or delete it to start over")
     try:
         model, tokenizer, device = load_policy(a.model, "float32", a.device)
         rows = load_questions(a.train_data)[:a.questions]
-        retriever = make_retriever(a.corpus, "") if not saved else None
+        sampled = saved["groups"] if saved else []
+        retriever = make_retriever(a.corpus, "") if len(sampled) < len(rows) else None
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     amp = autocast(a.amp, device)
+    groups = sampled
     if saved:
-        groups = saved["groups"]
-        print(f"resuming: {len(groups)} groups read back from {saved_groups}")
+        print(f"resuming: {len(groups)} of {len(rows)} groups read back from {saved_groups}")
+        if "rng" in saved:  # the sampler's CPU stream where it stopped (a CUDA device's own stream is not kept)
+            torch.set_rng_state(torch.tensor(saved["rng"], dtype=torch.uint8))
     else:
         torch.manual_seed(a.seed)
+    if len(groups) < len(rows):  # sampled SAMPLE_CHUNK questions at a time, each chunk saved: a kill loses one
+        from tqdm import tqdm
+
         generate = GENERATORS["cb"](model, tokenizer, max_new_tokens=a.max_new_tokens, batch_size=64)
         t = time.time()
-        with amp():
-            episodes = rollout(generate, tokenizer, rows, retriever.search, group_size=a.group_size,
-                               max_turns=a.max_turns, max_obs_tokens=a.max_obs_tokens, topk=a.topk)
-        groups = [_frozen(episodes[i:i + a.group_size]) for i in range(0, len(episodes), a.group_size)]
-        print(f"{len(rows)} questions x {a.group_size} rollouts in {time.time() - t:.0f} s; mean reward "
-              f"{np.mean([e.reward for e in episodes]):.3f}; {sum(map(is_mixed, groups))} mixed groups")
-        if out:
-            atomic_write(saved_groups, json.dumps({"args": keep, "groups": groups}))
+        with tqdm(total=len(rows), initial=len(groups), desc="sampling", unit="question") as bar:
+            for i in range(len(groups), len(rows), SAMPLE_CHUNK):
+                with amp():
+                    episodes = rollout(generate, tokenizer, rows[i:i + SAMPLE_CHUNK], retriever.search,
+                                       group_size=a.group_size, max_turns=a.max_turns,
+                                       max_obs_tokens=a.max_obs_tokens, topk=a.topk)
+                groups += [_frozen(episodes[j:j + a.group_size]) for j in range(0, len(episodes), a.group_size)]
+                if out:
+                    atomic_write(saved_groups, json.dumps({"args": keep, "groups": groups,
+                                                           "rng": torch.get_rng_state().tolist()}))
+                bar.update(len(episodes) // a.group_size)
+        print(f"{len(rows)} questions x {a.group_size} rollouts ({time.time() - t:.0f} s this time); mean reward "
+              f"{np.mean([r for g in groups for r in g['reward']]):.3f}; {sum(map(is_mixed, groups))} mixed groups")
     done = []
     if partial and partial.is_file():  # complete lines only: a kill may cut the last one
         for line in partial.read_text().splitlines():

@@ -212,3 +212,49 @@ def test_a_stopped_probe_resumes_where_it_stopped(tmp_path, monkeypatch):
         for key in (k for k in a if k.startswith("delta_")):
             assert a[key] == pytest.approx(b[key], abs=1e-5)
     assert not Path(f"{out}.partial.jsonl").exists() and not Path(f"{out}.groups.json").exists()
+
+
+def test_a_probe_stopped_while_sampling_resumes_its_sampling(tmp_path, monkeypatch):
+    """Killed after its first chunk of rollouts, the same command samples only the rest, from the saved random
+    stream: the same groups as an unbroken probe's (ids and rewards), and the same table."""
+    import probe
+    import rollout
+    import search_world
+
+    search_world.main(["--out", str(tmp_path / "w"), "--sft-steps", "0"])
+    cmd = ["--model", "lab/world0_policy", "--train-data", str(tmp_path / "w" / "world_train.jsonl"), "--corpus",
+           str(tmp_path / "w" / "corpus.jsonl"), "--questions", "6", "--group-size", "4", "--k", "1", "--llds", "0",
+           "--max-turns", "1", "--max-new-tokens", "32", "--max-obs-tokens", "60", "--lr", "1e-3"]
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(probe, "SAMPLE_CHUNK", 4)  # 6 questions: chunks of 4 and 2
+    kept = {}
+    real_write = probe.atomic_write
+
+    def keep_groups(path, text):  # the last groups file of each run, before the table removes it
+        if str(path).endswith(".groups.json"):
+            kept[Path(path).name] = json.loads(text)
+        return real_write(path, text)
+    monkeypatch.setattr(probe, "atomic_write", keep_groups)
+    probe.main([*cmd, "--out", str(tmp_path / "whole.json")])
+    real, calls = rollout.rollout, []
+
+    def stop_at_the_second(*args, **kw):
+        calls.append(len(args[2]))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(rollout, "rollout", stop_at_the_second)
+    out = tmp_path / "stopped.json"
+    with pytest.raises(KeyboardInterrupt):
+        probe.main([*cmd, "--out", str(out)])
+    assert len(json.loads(Path(f"{out}.groups.json").read_text())["groups"]) == 4
+    calls.clear()
+    monkeypatch.setattr(rollout, "rollout", lambda *args, **kw: calls.append(len(args[2])) or real(*args, **kw))
+    torch.manual_seed(12345)  # as a fresh process's stream would be: the saved one must replace it
+    probe.main([*cmd, "--out", str(out)])
+    assert calls == [2]  # only the questions not yet sampled
+    whole, resumed = kept["whole.json.groups.json"]["groups"], kept["stopped.json.groups.json"]["groups"]
+    assert [g["response_ids"] for g in whole] == [g["response_ids"] for g in resumed]  # exact: token ids
+    assert [g["reward"] for g in whole] == [g["reward"] for g in resumed]  # exact: 0/1 rewards of the same ids
+    a, b = (json.loads((tmp_path / n).read_text())["rows"][0] for n in ("whole.json", "stopped.json"))
+    assert a["mixed"] == b["mixed"] and (a["frac_neg"] is None) == (b["frac_neg"] is None)
