@@ -20,7 +20,7 @@ rewritten after each part, so a run cut short keeps what it measured.
    and MFU of the update = 6 x params x trained tokens (the batch's real tokens) / update time / peak bf16 FLOP/s
    (attention's FLOPs left out: a lower bound).
 4. Generation: --generator cb against hf on Qwen2.5-0.5B, greedy, 64 rows of two turns (the second after an
-   observation) of 128 new tokens, in fp32 (the exactness check: the same ids row by row, or where they part) and
+   observation) of 64 new tokens, in fp32 (the exactness check: the same ids row by row, or where they part) and
    under bf16 autocast (training's rollout): useful tokens (up to each row's first EOS) per second for each.
 5. The main command's settings (python train.py --model Qwen/Qwen2.5-3B --llds 0.1: 3 search turns of 500 new and
    500 retrieved tokens, group 5, --micro-batch-size and --gen-batch-size from the plan) for one step on 3B with
@@ -413,7 +413,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="CPU, the tests' tiny model and a tiny batch (CI, ~30 s)")
     ap.add_argument("--models", nargs="+", choices=MODELS, help=f"the models to train (default: {' '.join(MODELS)})")
     ap.add_argument("--gen-model", choices=MODELS, help="part 4's model (default: the first of --models)")
-    ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny)")
+    ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny or a bare --tests)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
     ap.add_argument("--parts", nargs="+", choices=("gen", "train", "main"), default=["gen", "train", "main"],
