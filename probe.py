@@ -171,7 +171,17 @@ def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimiz
     the code's norm), the advantages the group's own (Eq. 1), the old log-probs pi_0's; the optimizer is a fresh
     AdamW (the training defaults: betas 0.9/0.999, weight decay 0.01) or SGD at lr. `amp`: policy.autocast's function
     (None: fp32). The model's weights are restored before returning. batch: collate() of the group's G responses;
-    reward [G]."""
+    reward [G]. (group_delta_after with ks=(k,).)"""
+    return group_delta_after(model, batch, reward, ks=(k,), llds=llds, lr=lr, optimizer=optimizer,
+                             temperature=temperature, vocab_size=vocab_size, clip_eps=clip_eps, amp=amp)[0]
+
+
+def group_delta_after(model, batch, reward, *, ks, llds: float, lr: float, optimizer: str = "adamw",
+                      temperature: float = 1.0, vocab_size: int, clip_eps: float = 0.2, amp=None) -> list:
+    """group_delta for every k in ks in one chain of max(ks) updates, the change measured after the k-th: the
+    same numbers as separate calls (the k-th update of a longer chain starts from the same weights and optimizer state,
+    and measuring changes neither), in max(ks) updates instead of sum(ks). Returns [(Delta [G], change [G, T])], one
+    per k, in the order of ks."""
     amp = amp or (lambda cache=True: contextlib.nullcontext())
     saved = copy.deepcopy(model.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
@@ -179,10 +189,11 @@ def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimiz
         else torch.optim.SGD(params, lr=lr)
     rows, mask = slice(None), batch["loss_mask"]
     adv = group_advantages(reward, [0] * len(reward))  # [G]
+    got = {}
     try:
         with amp():
             old = batch_logp(model, batch, len(reward), temperature, vocab_size)  # [G, T]
-        for _ in range(k):
+        for step in range(1, max(ks) + 1):
             with amp(cache=False):
                 logp, _ = response_logp(model, batch, rows, temperature, vocab_size)
                 dev = logp.device
@@ -192,9 +203,11 @@ def group_delta(model, batch, reward, *, k: int, llds: float, lr: float, optimiz
             opt.zero_grad(set_to_none=True)
             (pg + llds * reg).backward()
             opt.step()
-        with amp():
-            after = batch_logp(model, batch, len(reward), temperature, vocab_size)
-        return ((after - old) * mask).sum(-1), (after - old) * mask  # [G], [G, T]
+            if step in ks:
+                with amp():
+                    after = batch_logp(model, batch, len(reward), temperature, vocab_size)
+                got[step] = (((after - old) * mask).sum(-1), (after - old) * mask)  # [G], [G, T]
+        return [got[k] for k in ks]
     finally:
         model.load_state_dict(saved)
 
@@ -212,10 +225,10 @@ def group_deltas(model, tokenizer, group: dict, *, ks=(1, 2, 4), lambdas=(0.0, 0
     batch, reward = _batch(group, tokenizer.pad_token_id)
     seg, ans = action_segments(batch["loss_mask"]), batch["answer_mask"]
     out = {}
-    for k in ks:
-        for lam in lambdas:
-            delta, tok = group_delta(model, batch, reward, k=k, llds=lam, lr=lr, optimizer=optimizer,
-                                     temperature=temperature, vocab_size=len(tokenizer), amp=amp)
+    for lam in lambdas:  # one chain of updates per lambda, measured after each k
+        chain = group_delta_after(model, batch, reward, ks=tuple(ks), llds=lam, lr=lr, optimizer=optimizer,
+                                  temperature=temperature, vocab_size=len(tokenizer), amp=amp)
+        for k, (delta, tok) in zip(ks, chain):
             cell = out[f"{k},{lam:g}"] = {}
             for s in SETS:
                 w = (reward == 1) == (s == "correct")

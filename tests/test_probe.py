@@ -120,6 +120,24 @@ def test_group_delta_is_one_sgd_step_by_hand_and_llds_is_inert_on_it():
     assert not torch.equal(two, delta)  # exact: any difference shows that the second update moved it
 
 
+@pytest.mark.parametrize("llds", [0.0, 0.2])
+def test_one_chain_of_updates_gives_what_separate_runs_give(llds):
+    """group_delta_after(ks=(1, 2, 3)): measured after the 1st, 2nd and 3rd update of one chain (AdamW), the same
+    changes as three separate runs of k = 1, 2, 3 (the probe's k values share their first updates)."""
+    from probe import group_delta_after
+
+    tok = build_tokenizer()
+    model = build_model(tok, seed=1)
+    batch, reward = _batch(group(tok), tok.pad_token_id)
+    kw = dict(llds=llds, lr=0.05, vocab_size=len(tok))
+    chain = group_delta_after(model, batch, reward, ks=(1, 2, 3), **kw)
+    for k, (delta, tok_change) in zip((1, 2, 3), chain):
+        alone, alone_tok = group_delta(model, batch, reward, k=k, **kw)
+        torch.testing.assert_close(delta, alone, rtol=1e-6, atol=1e-6)  # the same ops in the same order
+        torch.testing.assert_close(tok_change, alone_tok, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(chain[0][0], chain[2][0])  # the later updates moved it
+
+
 def test_wilson_interval_by_hand():
     lo, hi = wilson(5, 10)  # p = 0.5, z = 1.96: centre 0.5, half-width 1.96 x sqrt(0.025 + 0.0096) / 1.384
     assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
@@ -141,8 +159,8 @@ def test_delta_probe_keeps_mixed_groups_and_counts_negative_deltas(monkeypatch):
 
     def fake_delta(model, batch, reward, **kw):
         d = next(calls)
-        return d, torch.zeros_like(batch["loss_mask"])
-    monkeypatch.setattr(probe, "group_delta", fake_delta)
+        return [(d, torch.zeros_like(batch["loss_mask"]))]
+    monkeypatch.setattr(probe, "group_delta_after", fake_delta)
     (row,) = delta_probe(None, tok, groups, ks=(1,), lambdas=(0.0,), lr=1e-3)
     # correct responses are 0 and 2: Delta(x) = (-1 + 3) / 2 = 1, (2 + 1) / 2 = 1.5, (-4 + 0) / 2 = -2
     assert row["groups"] == 4 and row["mixed"] == 3 and row["frac_neg"] == pytest.approx(1 / 3)
