@@ -30,6 +30,7 @@ The whole check stops starting parts after BUDGET_S.
 
     python gpu/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
     python gpu/gpu_check.py --tiny --out /tmp/x.json # on a CPU in ~30 s: the tests' tiny model (CI)
+    python gpu/gpu_check.py --models Qwen2.5-3B --parts main --main-prompts 4 --tests   # one part, no tests
 """
 
 import argparse
