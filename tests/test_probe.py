@@ -193,6 +193,16 @@ def test_the_command_prints_the_table_and_bad_input_is_one_line(tmp_path):
                                                                                 "(--max-turns >= 0), got 0")
 
 
+def interrupted_on_call(n: int, real, calls: list, record=lambda *args: 1):
+    """A stand-in for `real` that appends record(*args) to `calls` and raises KeyboardInterrupt (a Ctrl-C) on call n."""
+    def stand_in(*args, **kw):
+        calls.append(record(*args))
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    return stand_in
+
+
 def test_a_stopped_probe_resumes_where_it_stopped(tmp_path, monkeypatch):
     """Killed after its first mixed group, the same command reads back the rollouts and that group's result and does
     only the rest; the table equals an unbroken run's; other flags on a stopped --out are refused in one line."""
@@ -207,13 +217,7 @@ def test_a_stopped_probe_resumes_where_it_stopped(tmp_path, monkeypatch):
     probe.main([*cmd, "--out", str(tmp_path / "whole.json")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w", "whole.json"]  # nothing left beside the table
     real, calls = probe.group_deltas, []
-
-    def stop_at_the_second(*args, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kw)
-    monkeypatch.setattr(probe, "group_deltas", stop_at_the_second)
+    monkeypatch.setattr(probe, "group_deltas", interrupted_on_call(2, real, calls))
     out = tmp_path / "stopped.json"
     with pytest.raises(KeyboardInterrupt):
         probe.main([*cmd, "--out", str(out)])
@@ -255,13 +259,7 @@ def test_a_probe_stopped_while_sampling_resumes_its_sampling(tmp_path, monkeypat
     monkeypatch.setattr(probe, "atomic_write", keep_groups)
     probe.main([*cmd, "--out", str(tmp_path / "whole.json")])
     real, calls = rollout.rollout, []
-
-    def stop_at_the_second(*args, **kw):
-        calls.append(len(args[2]))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kw)
-    monkeypatch.setattr(rollout, "rollout", stop_at_the_second)
+    monkeypatch.setattr(rollout, "rollout", interrupted_on_call(2, real, calls, lambda *args: len(args[2])))
     out = tmp_path / "stopped.json"
     with pytest.raises(KeyboardInterrupt):
         probe.main([*cmd, "--out", str(out)])
