@@ -295,7 +295,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--out", default="", help="write the table's rows here as JSON (default: print only); the "
                     f"rollouts (saved every {SAMPLE_CHUNK} questions) and each finished group are kept beside it "
-                    "(OUT.groups.json, OUT.partial.jsonl) until the table is written, so the same command resumes a stopped probe")
+                    "(OUT.groups.json, OUT.partial.jsonl) until the table is written, so the same command resumes "
+                    "a stopped probe")
     a = ap.parse_args(argv)
     for flag, v in (("--questions", a.questions), ("--group-size", a.group_size), ("--max-turns", a.max_turns + 1),
                     ("--max-new-tokens", a.max_new_tokens), ("--max-obs-tokens", a.max_obs_tokens),
