@@ -236,19 +236,19 @@ def _functions(exercises) -> list:
 SANDBOX = r"""set -e
 NEW=$1; TREE=$2; shift 2
 mount -t tmpfs -o mode=755,size=16m tmpfs "$NEW"
+mkdir -p "$NEW/tmp"; mount -t tmpfs -o "size=$TMPSIZE,mode=1777" tmpfs "$NEW/tmp"  # before the binds: a venv in /tmp
 for p in /usr /etc "$BASE" "$PREFIX" /bin /lib /lib64 /sbin; do
     if [ -L "$p" ]; then [ -e "$NEW$p" ] || ln -s "$(readlink "$p")" "$NEW$p"
     elif [ -d "$p" ]; then mkdir -p "$NEW$p"; mount --rbind "$p" "$NEW$p"; fi
 done
-mkdir -p "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/tmp" "$NEW/.old"
+mkdir -p "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/.old"
 for d in null zero random urandom; do touch "$NEW/dev/$d"; mount --bind "/dev/$d" "$NEW/dev/$d"; done
 mount --bind "$TREE" "$NEW/tree"
 awk -v root="$NEW/" 'index($5, root) == 1 {print $5, $6}' /proc/self/mountinfo | sort -r | while read -r m opts; do
-    case "$m" in "$NEW/dev/"*) continue;; esac
+    case "$m" in "$NEW/dev/"*|"$NEW/tmp") continue;; esac  # /tmp stays writable, its binds do not
     keep=$(echo "$opts" | tr , '\n' | grep -E '^(nosuid|nodev|noexec)$' | tr '\n' , || true)
     mount -o "remount,bind,ro,${keep}" "$m" 2>/dev/null || umount -l "$m"
 done
-mount -t tmpfs -o "size=$TMPSIZE,mode=1777" tmpfs "$NEW/tmp"
 mount -t proc proc "$NEW/proc"
 cd "$NEW"
 pivot_root . .old

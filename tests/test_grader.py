@@ -337,3 +337,25 @@ def test_no_sandbox_no_grade_unless_allowed_and_then_the_table_says_so(tmp_path,
     assert "--allow-unsandboxed" in capsys.readouterr().err
     assert grade.main([str(tree), "--exercises", "kl", "--allow-unsandboxed"]) == 1  # graded: 0 points, said
     assert "UNSANDBOXED (--allow-unsandboxed)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox on this machine (grade.py refuses to grade here)")
+def test_the_sandbox_runs_a_virtual_env_that_lives_under_tmp(tmp_path):
+    """A user's clone (and its .venv) under /tmp: the sandbox's own /tmp used to be mounted over the venv's bind, so
+    the grader could not start Python there ('setpriv: failed to execute'). The venv is bound read-only, /tmp beside
+    it stays writable."""
+    import subprocess
+    import venv
+
+    assert str(tmp_path).startswith("/tmp/")  # pytest's default basetemp; the case this test is about
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / ".venv")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "root").mkdir()
+    code = ("import os, sys; open('/tmp/x', 'w').write('x'); "
+            "print(sys.prefix, os.access(sys.prefix, os.W_OK))")
+    env = {**grade._base_env(30), "PREFIX": str(tmp_path / ".venv")}
+    r = subprocess.run([*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+                        str(tmp_path / "tree"), str(tmp_path / ".venv" / "bin" / "python"), "-c", code],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [str(tmp_path / ".venv"), "False"]
