@@ -1,4 +1,4 @@
-"""A small generated search world, and a tiny policy warm-started on it (lab/warm_start.py), so that the real,
+r"""A small generated search world, and a tiny policy warm-started on it (lab/warm_start.py), so that the real,
 unchanged pipeline (retriever.py, rollout.py, grpo.py, llds.py, train.py) trains in seconds per step on a CPU.
 
 The world: `people` invented persons (syllable-built names no model could know), each born in an invented town in a

@@ -2,14 +2,14 @@
 
 Builds each search world (lab/search_world.py, once: reused when the folder holds it) with its warm-started tiny
 policy: for world 0 the committed one (lab/world0_policy, the same weights on every machine; --train-warm-start
-trains one here instead, ~15 minutes), for other worlds trained here. Then for every (world, lr, lambda, seed) of the grid trains the policy with the unchanged train.py, scores it on
-the held-out people with the unchanged evaluate.py, and finally prints the grid, every run and then every (lr, lambda)
-cell over its worlds and seeds, with the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward
-windows (collapsed / degraded / held, and its step), the onsets of the sustained fall of the correct and of the
-incorrect responses' likelihood, the lead of the first over the collapse (the paper's order: likelihood first), the
-first LLD alarm of phase II/III (hits and false alarms against the collapses), the entropy and valid-action ratio at
-the end, and test EM against the warm start's. The figure draws the runs of the first world and lr, all seeds,
-lambda by colour (scripts/plot_run.py).
+trains one here instead, ~15 minutes), for other worlds trained here. Then for every (world, lr, lambda, seed) of
+the grid trains the policy with the unchanged train.py, scores it on the held-out people with the unchanged
+evaluate.py, and finally prints the grid, every run and then every (lr, lambda) cell over its worlds and seeds, with
+the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward windows (collapsed / degraded /
+held, and its step), the onsets of the sustained fall of the correct and of the incorrect responses' likelihood, the
+lead of the first over the collapse (the paper's order: likelihood first), the first LLD alarm of phase II/III (hits
+and false alarms against the collapses), the entropy and valid-action ratio at the end, and test EM against the warm
+start's. The figure draws the runs of the first world and lr, all seeds, lambda by colour (scripts/plot_run.py).
 A finished run (its metrics and eval.json complete) is not run again, and an unfinished one (Ctrl-C, a kill) resumes
 from its newest complete checkpoint (train.py --resume): the same command continues a stopped grid where it stopped.
 A run folder that holds a finished run of another --steps is refused, never overwritten.
