@@ -345,17 +345,18 @@ def test_the_sandbox_runs_a_virtual_env_that_lives_under_tmp(tmp_path):
     the grader could not start Python there ('setpriv: failed to execute'). The venv is bound read-only, /tmp beside
     it stays writable."""
     import subprocess
+    import tempfile
     import venv
 
-    assert str(tmp_path).startswith("/tmp/")  # pytest's default basetemp; the case this test is about
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / ".venv")
     (tmp_path / "tree").mkdir()
     (tmp_path / "root").mkdir()
-    code = ("import os, sys; open('/tmp/x', 'w').write('x'); "
-            "print(sys.prefix, os.access(sys.prefix, os.W_OK))")
-    env = {**grade._base_env(30), "PREFIX": str(tmp_path / ".venv")}
-    r = subprocess.run([*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
-                        str(tmp_path / "tree"), str(tmp_path / ".venv" / "bin" / "python"), "-c", code],
-                       capture_output=True, text=True, env=env, timeout=300)
+    code = "import os, sys; open('/tmp/x', 'w').write('x'); print(sys.prefix, os.access(sys.prefix, os.W_OK))"
+    with tempfile.TemporaryDirectory(dir="/tmp") as where:  # /tmp itself, whatever TMPDIR or pytest's basetemp say
+        prefix = Path(where) / ".venv"
+        venv.EnvBuilder(system_site_packages=True, with_pip=False).create(prefix)
+        r = subprocess.run([*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+                            str(tmp_path / "tree"), str(prefix / "bin" / "python"), "-c", code],
+                           capture_output=True, text=True, env={**grade._base_env(30), "PREFIX": str(prefix)},
+                           timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == [str(tmp_path / ".venv"), "False"]
+    assert r.stdout.split() == [str(prefix), "False"]
