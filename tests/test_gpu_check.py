@@ -62,3 +62,40 @@ def test_fsdp_on_alone_runs_only_that_row(tmp_path):
     report = json.loads(out.read_text())
     assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", True)]
     assert "error" not in report["rows"][0] and report["main"]["error"] == "left out (--main-prompts 0)"
+
+
+REAL = [sys.executable, "gpu/real_model.py"]
+
+
+def test_real_model_tiny_pack_and_run(tmp_path):
+    """gpu/real_model.py, the whole path on the CPU: the model folder packed in parts, joined and checked, warm-started
+    and trained under lambda 0 and 0.2 side by side; each run's metrics come back with the probe's keys. A part that
+    did not arrive, or arrived damaged, is one line naming it, before anything trains."""
+    carry, out = tmp_path / "carry", tmp_path / "out"
+    r = hang.run([*REAL, "pack", "--tiny", "--part-mib", "0.3", "--carry", str(carry)], cwd=ROOT,
+                 capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    manifest = json.loads((carry / "manifest.json").read_text())
+    assert len(manifest["parts"]) >= 2 and all(p["bytes"] <= 0.3 * 2**20 for p in manifest["parts"])
+    assert sum(p["bytes"] for p in manifest["parts"]) == manifest["bytes"]
+    assert r.stdout.count("  call ") == len(manifest["parts"]) and "real_model.py run" in r.stdout
+    r = hang.run([*REAL, "run", "--tiny", "--carry", str(carry), "--out", str(out)], cwd=ROOT,
+                 capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"lambda0", "lambda0.2"}
+    for name in summary["runs"]:
+        rows = [json.loads(s) for s in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert [row["step"] for row in rows] == [1, 2] and all("probe/n_incorrect" in row for row in rows)
+        assert json.loads((out / name / "args.json").read_text())["llds"] == float(name[len("lambda"):])
+    part = carry / manifest["parts"][1]["name"]
+    data = part.read_bytes()
+    part.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one bit pattern flipped
+    r = subprocess.run([*REAL, "run", "--tiny", "--carry", str(carry), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].endswith(
+        "SHA-256 differs from manifest.json's: a damaged transfer, send it again"), r.stderr
+    part.unlink()
+    r = subprocess.run([*REAL, "run", "--tiny", "--carry", str(carry), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "part1: missing" in r.stderr.strip().splitlines()[-1], r.stderr
