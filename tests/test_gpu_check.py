@@ -64,13 +64,13 @@ def test_fsdp_on_alone_runs_only_that_row(tmp_path):
     assert "error" not in report["rows"][0] and report["main"]["error"] == "left out (--main-prompts 0)"
 
 
-REAL = [sys.executable, "gpu/real_model.py"]
+REAL = [sys.executable, "gpu/real_model_run.py"]
 
 
 def test_real_model_tiny_pack_and_run(tmp_path):
-    """gpu/real_model.py, the whole path on the CPU: the model folder packed in parts, joined and checked, warm-started
-    and trained under lambda 0 and 0.2 side by side; each run's metrics come back with the probe's keys. A part that
-    did not arrive, or arrived damaged, is one line naming it, before anything trains."""
+    """gpu/real_model_run.py, the whole path on the CPU: the model folder packed in parts, joined and checked,
+    warm-started and trained under lambda 0 and 0.2 side by side; each run's metrics come back with the probe's keys.
+    A part that did not arrive, or arrived damaged, is one line naming it, before anything trains."""
     carry, out = tmp_path / "carry", tmp_path / "out"
     r = hang.run([*REAL, "pack", "--tiny", "--part-mib", "0.3", "--carry", str(carry)], cwd=ROOT,
                  capture_output=True, text=True)
@@ -87,7 +87,7 @@ def test_real_model_tiny_pack_and_run(tmp_path):
     for name in summary["runs"]:
         rows = [json.loads(s) for s in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert [row["step"] for row in rows] == [1, 2] and all("probe/n_incorrect" in row for row in rows)
-        assert json.loads((out / name / "args.json").read_text())["llds"] == float(name[len("lambda"):])
+        assert json.loads((out / name / "args.json").read_text())["llds"] == pytest.approx(float(name[len("lambda"):]))
     part = carry / manifest["parts"][1]["name"]
     data = part.read_bytes()
     part.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one bit pattern flipped

@@ -11,11 +11,11 @@ tree): it splits the model file (a .gguf, or a model folder as a tar) into parts
 files (and, with --wheels, the wheels of the packages that machine lacks) into --carry, writes their SHA-256 to
 manifest.json and prints one call per part; the last call runs `run`, which joins and checks the parts first.
 
-    python gpu/real_model.py pack --model SmolLM2-135M-Instruct.Q4_1.gguf --train-data train.jsonl \\
+    python gpu/real_model_run.py pack --model SmolLM2-135M-Instruct.Q4_1.gguf --train-data train.jsonl \\
         --test-data test.jsonl --corpus corpus.jsonl --wheels            # here: writes .carry/, prints the calls
-    python gpu/real_model.py run --budget 480 --out $OUT                 # there, after the parts arrived
-    python gpu/real_model.py run --model HuggingFaceTB/SmolLM2-135M-Instruct --train-data ... --corpus ...
-    python gpu/real_model.py pack --tiny && python gpu/real_model.py run --tiny --out /tmp/rm   # the path, on a CPU
+    python gpu/real_model_run.py run --budget 480 --out $OUT                 # there, after the parts arrived
+    python gpu/real_model_run.py run --model HuggingFaceTB/SmolLM2-135M-Instruct --train-data ... --corpus ...
+    python gpu/real_model_run.py pack --tiny && python gpu/real_model_run.py run --tiny --out /tmp/rm  # on a CPU
 """
 
 import argparse
@@ -136,7 +136,7 @@ def pack(a) -> None:
         last = i == len(parts) - 1
         carried = [f"{rel}/{p['name']}"] + ([f"{rel}/data", f"{rel}/manifest.json"] if i == 0 else []) + \
             ([f"{rel}/whl"] if last and a.wheels else [])
-        command = (f"{install}PYTHONUNBUFFERED=1 python3 gpu/real_model.py run --carry {rel} --budget 480 "
+        command = (f"{install}PYTHONUNBUFFERED=1 python3 gpu/real_model_run.py run --carry {rel} --budget 480 "
                    f"--out $OUT" if last else f"ls -l {rel}")
         print(f"  call {i + 1}: carry={json.dumps(carried)} command={command!r}")
 

@@ -1,0 +1,154 @@
+"""The real-model runs' measures (results/real_model/PROTOCOL.md): one row per run, the learning test, the figure.
+
+`rows` applies the toy's measures (lab/spiral.py `measures`: the collapse on 5-step reward windows, the fixed
+probe's onsets and leads, Def. A.3's spiral step) to each run's metrics.jsonl and adds what a real model needs
+beside them: the steps with no mixed group (every group's rewards equal, so no update of that step carried a reward
+signal) and whether a collapse was driven by the policy gradient (>= 80% of the steps before it held a mixed group)
+or was drift; the entropy, searches and KL at the end; the CPU hours. `em` is the learning test: the paired bootstrap
+interval of a run's greedy held-out EM minus the warm start's, over the same questions.
+
+    python lab/real_model.py rows results/real_model/pilot_*             # markdown rows
+    python lab/real_model.py em --base warm_eval.jsonl run1_eval.jsonl ... # evaluate.py's records files
+    python lab/real_model.py copy runs/rm/NAME ... --to results/real_model  # metrics.jsonl + args.json, no rollouts
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, lab/
+
+from spiral import measures  # noqa: E402
+
+SIGNAL = 0.8  # a collapse is driven by the policy gradient if at least this share of the steps before it held a
+# mixed group (a group whose rewards differ: its advantages are not all 0)
+
+
+def read(run: Path) -> tuple[dict, list[dict]]:
+    """(args.json, metrics.jsonl's records) of a train.py --out-dir. Raises FileNotFoundError naming the file."""
+    for f in ("args.json", "metrics.jsonl"):
+        if not (run / f).is_file():
+            raise FileNotFoundError(f"{run / f}: not found (a train.py --out-dir holds args.json and metrics.jsonl)")
+    history = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines() if s.strip()]
+    return json.loads((run / "args.json").read_text()), history
+
+
+def run_row(run: Path) -> dict:
+    """A run's measures: spiral.measures, plus the signal count and verdict, the flags that differ between runs, and
+    the figures at the end. no_signal_steps: steps with rollout/frac_zero_std_groups == 1 (no mixed group)."""
+    args, history = read(run)
+    m = measures(history)
+    no_signal = [h["step"] for h in history if h["rollout/frac_zero_std_groups"] >= 1.0]  # exact: a fraction of 1
+    c = m["collapse_step"]
+    before = [h for h in history if c is not None and h["step"] < c]
+    share = sum(h["rollout/frac_zero_std_groups"] < 1.0 for h in before) / len(before) if before else None
+    last = history[-1]
+    return {"run": run.name, "lr": args["lr"], "llds": args["llds"], "seed": args["seed"],
+            "entropy_coef": args["entropy_coef"], "steps": len(history), **m, "no_signal_steps": no_signal,
+            "signal_share": share, "driven_by": None if c is None else "policy gradient" if share >= SIGNAL
+            else "drift", "searches_end": last["rollout/searches_per_traj"], "kl_end": last.get("grpo/kl"),
+            "cpu_h": sum(h.get("perf/step_cpu_s", 0.0) for h in history) / 3600}
+
+
+def fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def rows_table(runs: list[Path]) -> str:
+    head = ("| run | lr | lambda | entropy | seed | steps | reward 1-5 / 26-30 | verdict (step) | steps without a "
+            "mixed group | driven by | probe onset correct / incorrect (lead) | spiral step | probe change at the end, "
+            "correct / incorrect | entropy end | searches end | KL end | CPU h |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for run in runs:
+        r = run_row(run)
+        lead = "" if r["probe_lead_correct"] is None else f" ({r['probe_lead_correct']:+d})"
+        lines.append(
+            f"| {r['run']} | {r['lr']:g} | {r['llds']:g} | {r['entropy_coef']:g} | {r['seed']} | {r['steps']} | "
+            f"{r['start_reward']:.3f} / {r['final_reward']:.3f} | {r['verdict']}"
+            f"{'' if r['collapse_step'] is None else ' (' + str(r['collapse_step']) + ')'} | "
+            f"{len(r['no_signal_steps'])} {r['no_signal_steps'] if r['no_signal_steps'] else ''} | "
+            f"{r['driven_by'] or '-'} | {fmt(r['probe_correct'], 'd')} / {fmt(r['probe_incorrect'], 'd')}{lead} | "
+            f"{fmt(r['spiral_step'], 'd')} | {fmt(r['dlogp_correct_end'])} / {fmt(r['dlogp_incorrect_end'])} | "
+            f"{fmt(r['entropy_end'], '.2f')} | {r['searches_end']:.2f} | {fmt(r['kl_end'], '.4f')} | "
+            f"{r['cpu_h']:.2f} |")
+    return "\n".join(lines)
+
+
+def paired_bootstrap(base: np.ndarray, run: np.ndarray, n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean(run - base), 2.5% and 97.5% quantiles of that mean over n resamples of the questions, with replacement):
+    the paired bootstrap of a difference in EM. base, run: [Q] 0/1 scores of the same Q questions in the same order.
+    Raises ValueError if the shapes differ or Q is 0."""
+    base, run = np.asarray(base, dtype=float), np.asarray(run, dtype=float)
+    if base.shape != run.shape or base.size == 0:
+        raise ValueError(f"paired_bootstrap needs two equal, non-empty score vectors, got {base.shape} and {run.shape}")
+    diff = run - base
+    idx = np.random.default_rng(seed).integers(0, diff.size, size=(n, diff.size))
+    means = diff[idx].mean(axis=1)
+    return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def em_scores(path: Path) -> dict:
+    """{question id (or the question text): em} from evaluate.py's records .jsonl. Raises ValueError on a line that is
+    not a record, naming the file and line."""
+    out = {}
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            r = json.loads(line)
+            out[r.get("id") or r["question"]] = float(r["em"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{i}: not an evaluate.py record with 'question' and 'em' ({e})") from None
+    return out
+
+
+def em_table(base: Path, runs: list[Path]) -> str:
+    b = em_scores(base)
+    lines = [f"warm start {base}: EM {np.mean(list(b.values())):.3f} on {len(b)} questions",
+             "| records | EM | EM - warm start [95% paired bootstrap] | learned |", "|---|---|---|---|"]
+    for run in runs:
+        r = em_scores(run)
+        if set(r) != set(b):
+            raise ValueError(f"{run}: scores other questions than {base} ({len(set(r) ^ set(b))} differ)")
+        keys = sorted(b)
+        d, lo, hi = paired_bootstrap(np.array([b[k] for k in keys]), np.array([r[k] for k in keys]))
+        lines.append(f"| {run} | {np.mean(list(r.values())):.3f} | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                     f"{'yes' if lo > 0 else 'no'} |")
+    return "\n".join(lines)
+
+
+def copy(runs: list[Path], to: Path) -> None:
+    """Each run's metrics.jsonl and args.json into to/<run name>/ (no rollouts, no weights)."""
+    for run in runs:
+        read(run)
+        (to / run.name).mkdir(parents=True, exist_ok=True)
+        for f in ("metrics.jsonl", "args.json"):
+            shutil.copy(run / f, to / run.name / f)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("rows", help="one markdown row per run").add_argument("runs", nargs="+", type=Path)
+    e = sub.add_parser("em", help="greedy held-out EM against the warm start's, paired bootstrap")
+    e.add_argument("--base", type=Path, required=True, help="the warm start's evaluate.py records (.jsonl)")
+    e.add_argument("runs", nargs="+", type=Path, help="the runs' evaluate.py records (.jsonl), same questions")
+    c = sub.add_parser("copy", help="metrics.jsonl and args.json of each run, into --to/<run>/")
+    c.add_argument("runs", nargs="+", type=Path)
+    c.add_argument("--to", type=Path, required=True)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "rows":
+            print(rows_table(a.runs))
+        elif a.cmd == "em":
+            print(em_table(a.base, a.runs))
+        else:
+            copy(a.runs, a.to)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(str(err)) from None
+
+
+if __name__ == "__main__":
+    main()

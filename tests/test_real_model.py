@@ -1,0 +1,72 @@
+"""lab/real_model.py, the measures results/real_model/PROTOCOL.md fixed before its runs: the steps without a mixed
+group and whether a collapse was driven by the policy gradient or was drift, the paired bootstrap of a difference
+in held-out EM (checked against a hand computation and its limits), and bad input as one line."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lab"))
+
+import real_model as R  # noqa: E402
+
+
+def write_run(folder: Path, rewards, zero_std, lr=1e-4, llds=0.0) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "args.json").write_text(json.dumps({"lr": lr, "llds": llds, "seed": 0, "entropy_coef": 0.001}))
+    rows = [{"step": s, "rollout/reward": r, "rollout/frac_zero_std_groups": z, "rollout/searches_per_traj": 2.0,
+             "rollout/valid_action_ratio": 1.0, "grpo/entropy": 0.5, "grpo/kl": 0.01, "perf/step_s": 100.0,
+             "perf/step_cpu_s": 360.0, "probe/dlogp_correct": -0.01 * s if s % 2 == 0 else None}
+            for s, (r, z) in enumerate(zip(rewards, zero_std), start=1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_a_collapse_with_signal_and_one_by_drift(tmp_path):
+    rewards = [0.4, 0.3, 0.4, 0.3, 0.4] + [0.0] * 10  # start 0.36, collapses at step 6
+    signal = R.run_row(write_run(tmp_path / "a", rewards, [0.5] * 4 + [1.0] + [1.0] * 10))
+    assert signal["verdict"] == "collapsed" and signal["collapse_step"] == 6
+    # steps 1-5 before the collapse: 4 of 5 held a mixed group = 0.8, the protocol's bar
+    assert signal["signal_share"] == pytest.approx(0.8) and signal["driven_by"] == "policy gradient"
+    assert signal["no_signal_steps"] == list(range(5, 16))
+    assert signal["cpu_h"] == pytest.approx(15 * 360 / 3600) and signal["dlogp_correct_end"] == pytest.approx(-0.14)
+    drift = R.run_row(write_run(tmp_path / "b", rewards, [0.5] * 3 + [1.0] * 12))
+    assert drift["signal_share"] == pytest.approx(0.6) and drift["driven_by"] == "drift"
+    held = R.run_row(write_run(tmp_path / "c", [0.3] * 15, [0.5] * 15))
+    assert held["verdict"] == "held" and held["driven_by"] is None and held["signal_share"] is None
+    table = R.rows_table([tmp_path / "a", tmp_path / "b"])
+    assert table.count("\n| a |") == 1 and "| collapsed (6) |" in table and "| drift |" in table
+
+
+def test_paired_bootstrap_by_hand_and_its_limits():
+    base = np.array([0, 0, 1, 1, 0, 1, 0, 0])
+    run = np.array([1, 0, 1, 0, 1, 1, 0, 1])  # differences +1, 0, 0, -1, +1, 0, 0, +1: mean 2/8
+    d, lo, hi = R.paired_bootstrap(base, run, n=20_000)
+    assert d == pytest.approx(0.25) and lo < 0.25 < hi
+    # the resampled mean of 8 differences in {-1, 0, +1} with p = (1/8, 4/8, 3/8): sd sqrt((4/8 - 1/16) / 8) = 0.234
+    assert (hi - lo) / (2 * 1.96) == pytest.approx(np.sqrt((0.5 - 0.0625) / 8), rel=0.1)
+    same = R.paired_bootstrap(base, base)
+    assert same == pytest.approx((0.0, 0.0, 0.0), abs=1e-12)  # no difference: a degenerate interval at 0
+    assert R.paired_bootstrap(np.zeros(50), np.ones(50))[1] == pytest.approx(1.0)  # every question gained
+    with pytest.raises(ValueError, match="two equal, non-empty"):
+        R.paired_bootstrap(base, run[:-1])
+
+
+def test_em_table_pairs_by_question_and_bad_input_is_one_line(tmp_path):
+    def records(path, ems):
+        path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Q{i}?", "em": e}) + "\n"
+                                for i, e in enumerate(ems)))
+        return path
+    base = records(tmp_path / "base.jsonl", [0] * 40 + [1] * 10)
+    better = records(tmp_path / "better.jsonl", [1] * 40 + [1] * 10)
+    table = R.em_table(base, [better])
+    assert "EM 0.200 on 50 questions" in table and "| 1.000 | +0.800 [+0." in table and table.endswith("| yes |")
+    (tmp_path / "bad.jsonl").write_text('{"id": "q0", "question": "Q0?", "em": 1}\nnot json\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl:2: not an evaluate.py record"):
+        R.main(["em", "--base", str(base), str(tmp_path / "bad.jsonl")])
+    with pytest.raises(SystemExit, match="args.json: not found"):
+        R.main(["rows", str(tmp_path)])
