@@ -34,6 +34,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -51,7 +52,7 @@ from make_assignment import EXERCISES, ROOT, blank, find, is_blank, splice  # no
 
 PLUGIN = Path(__file__).resolve().parent / "grade_plugin.py"
 MODULES = sorted({file for spec in EXERCISES.values() for file, _ in spec["functions"]})  # grpo.py llds.py rollout.py
-TEST_FILES = ["pytest.ini", "tests/conftest.py", "tests/tiny.py", "tests/test_exercises.py"]
+TEST_FILES = ["pytest.ini", "tests/conftest.py", "tests/tiny.py", "tests/test_exercises.py", "tests/make_snapshots.py"]
 SNAPSHOTS = ["advantages", "clipped", "kl", "gate", "llds"]  # exercises with snapshot tests (tests/snapshots/)
 MAX_RECORD = 50_000_000  # bytes of a runner's record read back
 
@@ -124,12 +125,21 @@ def _helper(node: ast.stmt, known: set) -> str | None:
     return None
 
 
-def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, list, str]:
-    """From a student's file: ({name: source of the def}, [helper defs' sources], problem or "")."""
+def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, list, str, list]:
+    """From a student's file: ({name: source of the def}, [helper defs' sources], problem or "", notes), notes naming
+    each top-level import and constant that is not taken (the runner never runs module-level code). Source that Python
+    cannot parse, or whose nesting exhausts the parser's stack or memory (10,000 unary minus signs, a megabyte-long
+    expression), is one problem line: "does not parse"."""
     try:
-        tree = ast.parse(text)
+        return _student_functions(text, ours, names)
     except SyntaxError as err:
-        return {}, [], f"does not parse: {err.msg} (line {err.lineno})"
+        return {}, [], f"does not parse: {err.msg}" + (f" (line {err.lineno})" if err.lineno else ""), []
+    except (RecursionError, MemoryError, ValueError) as err:
+        return {}, [], f"does not parse: {type(err).__name__} (nested too deep or too large for Python's parser)", []
+
+
+def _student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, list, str, list]:
+    tree = ast.parse(text)
     ref = ast.parse(ours)
     found, helpers = {}, []
     for name in names:
@@ -142,7 +152,12 @@ def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, lis
                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     imports = [n for n in ref.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     known = defined | {(a.asname or a.name).split(".")[0] for n in imports for a in n.names}  # defaults may name them
+    our_imports, notes = {ast.unparse(n) for n in imports}, []
     for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and ast.unparse(node) not in our_imports:
+            notes.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` is not taken (module-level code never runs: "
+                         f"import inside the function)")
+            continue
         names = {node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
             {t.id for t in (node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)])
              if isinstance(t, ast.Name)}
@@ -152,10 +167,13 @@ def student_functions(text: str, ours: str, names: list[str]) -> tuple[dict, lis
             source = _helper(node, known)
         except ValueError:
             return {}, [], f"helper {node.name}: a default value that is neither a literal nor one of the module's " \
-                           "names"
+                           "names", []
         if source:
             helpers.append(source)
-    return found, helpers, ""
+        else:
+            notes.append(f"line {node.lineno}: {', '.join(sorted(names))} is not taken (only functions, literal "
+                         f"constants and plain classes are: module-level code never runs)")
+    return found, helpers, "", notes
 
 
 def read_student(path: Path) -> tuple[str, str]:
@@ -174,10 +192,12 @@ def read_student(path: Path) -> tuple[str, str]:
         return f.read(2_000_000).decode("utf-8-sig", errors="replace"), ""
 
 
-def build_runner_tree(student: Path, exercise: str, dest: Path) -> str:
+def build_runner_tree(student: Path, exercise: str, dest: Path, taken_notes: list | None = None) -> str:
     """The runner's tree for `exercise`: our modules with the student's functions of the exercise, ours of the
     exercises it uses, every other exercise function blank; our tests; snapshots without their expected values.
-    Returns "" or, if a student's file is missing or does not parse, what is wrong (one line)."""
+    Returns "" or, if a student's file is missing or does not parse, what is wrong (one line); appends to
+    `taken_notes` a line for each top-level import or constant of the student's that is not taken."""
+    taken_notes = [] if taken_notes is None else taken_notes
     spec = EXERCISES[exercise]
     keep = set(spec.get("uses", []))
     for file in MODULES:
@@ -192,9 +212,10 @@ def build_runner_tree(student: Path, exercise: str, dest: Path) -> str:
             source, problem = read_student(student / file)
             if problem:
                 return f"{file}: {problem}"
-            found, helpers, problem = student_functions(source, ours, mine)
+            found, helpers, problem, notes = student_functions(source, ours, mine)
             if problem:
                 return f"{file} {problem}"
+            taken_notes.extend(f"{file} {note}" for note in notes)
             text = blank(text, [n for n in mine if n not in found], exercise)
             for name, source in found.items():
                 text = splice(text, name, source)
@@ -226,22 +247,37 @@ def _functions(exercises) -> list:
     return [[file.removesuffix(".py"), name] for ex in exercises for file, name in EXERCISES[ex]["functions"]]
 
 
-# The runner's sandbox (Linux, util-linux's unshare, setpriv and prlimit, no root needed): new user, mount, PID and
-# network namespaces; a root of its own (a 16 MiB tmpfs) holding the system and Python and the tree at /tree, all
-# read-only, every mount below them included (a bind is not read-only below its top: each submount is remounted
-# read-only, or taken away where it cannot be), nothing else (not this repository, not the other trees, not the
-# grader's processes); a /tmp of TMPSIZE; limits on its address space, CPU time, file size and processes (LIMITS);
-# every capability dropped before Python starts, so it cannot remount anything writable; and every process it starts
-# dies with it. The record goes out through an inherited file descriptor (3), under the file-size limit.
+# The runner's sandbox (Linux, util-linux's unshare, setpriv and prlimit): new mount, PID, network, UTS and IPC
+# namespaces; a root of its own (a 16 MiB tmpfs, read-only once built) holding the system and Python and the tree at
+# /tree, all read-only, every mount below them included (a bind is not read-only below its top: each submount is
+# remounted read-only, or taken away where it cannot be), nothing else (not this repository, not the other trees, not
+# the grader's processes, not the host's /etc: only the loader's and the time zone's files and a passwd naming the
+# student); a fresh /proc whose /proc/sys is read-only; a /tmp of TMPSIZE; limits on its address space, CPU time, file
+# size and processes (LIMITS); every capability dropped before Python starts, so it cannot remount anything writable;
+# and every process it starts dies with it. Who the student's code is (ROOT_UNSHARE, USER_UNSHARE):
+# * grade.py run as root (a container, a course VM): no user namespace; root builds the view, then setpriv drops to an
+#   unprivileged uid and gid of the grader's choosing (a fresh one each run, in no group), so nothing the host's root
+#   may do (write /proc/sys, read /etc/shadow, ignore RLIMIT_NPROC) is left to it;
+# * as any other user: a user namespace mapping that user to uid 1000 inside; the host sees the grader's own uid.
+# Symbolic links on the way to Python (a venv at /tmp/venv -> /data/venv) are recreated, and what they point to bound.
 SANDBOX = r"""set -e
 NEW=$1; TREE=$2; shift 2
 mount -t tmpfs -o mode=755,size=16m tmpfs "$NEW"
 mkdir -p "$NEW/tmp"; mount -t tmpfs -o "size=$TMPSIZE,mode=1777" tmpfs "$NEW/tmp"  # before the binds: a venv in /tmp
-for p in /usr /etc "$BASE" "$PREFIX" /bin /lib /lib64 /sbin; do
-    if [ -L "$p" ]; then [ -e "$NEW$p" ] || ln -s "$(readlink "$p")" "$NEW$p"
-    elif [ -d "$p" ]; then mkdir -p "$NEW$p"; mount --rbind "$p" "$NEW$p"; fi
-done
-mkdir -p "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/.old"
+bind() {  # $1 at the same path in the new root, unless it is there already (inside an earlier bind)
+    if [ -L "$1" ]; then
+        mkdir -p "$NEW$(dirname "$1")"
+        [ -e "$NEW$1" ] || [ -L "$NEW$1" ] || ln -s "$(readlink "$1")" "$NEW$1"
+        bind "$(readlink -f "$1")"
+    elif [ -d "$1" ] && [ ! -e "$NEW$1" ]; then mkdir -p "$NEW$1"; mount --rbind "$1" "$NEW$1"; fi
+}
+for p in /usr "$BASE" "$PREFIX" /bin /lib /lib64 /sbin; do bind "$p"; done
+mkdir -p "$NEW/etc" "$NEW/tree" "$NEW/dev" "$NEW/proc" "$NEW/.old"
+for f in ld.so.cache ld.so.conf localtime nsswitch.conf; do [ ! -e "/etc/$f" ] || cp -L "/etc/$f" "$NEW/etc/$f"; done
+for d in ld.so.conf.d alternatives; do [ ! -d "/etc/$d" ] || cp -a "/etc/$d" "$NEW/etc/$d"; done
+echo "student:x:$RUN_UID:$RUN_GID:student:/tmp:/bin/false" > "$NEW/etc/passwd"
+echo "student:x:$RUN_GID:" > "$NEW/etc/group"
+: > "$NEW/etc/fstab"  # umount run by a user that is not root (the user-namespace case) reads it, then unmounts
 for d in null zero random urandom; do touch "$NEW/dev/$d"; mount --bind "/dev/$d" "$NEW/dev/$d"; done
 mount --bind "$TREE" "$NEW/tree"
 awk -v root="$NEW/" 'index($5, root) == 1 {print $5, $6}' /proc/self/mountinfo | sort -r | while read -r m opts; do
@@ -249,18 +285,38 @@ awk -v root="$NEW/" 'index($5, root) == 1 {print $5, $6}' /proc/self/mountinfo |
     keep=$(echo "$opts" | tr , '\n' | grep -E '^(nosuid|nodev|noexec)$' | tr '\n' , || true)
     mount -o "remount,bind,ro,${keep}" "$m" 2>/dev/null || umount -l "$m"
 done
-mount -t proc proc "$NEW/proc"
+mount -t proc -o nosuid,nodev,noexec proc "$NEW/proc"
+for p in sys sysrq-trigger; do
+    [ ! -e "$NEW/proc/$p" ] || { mount --bind "$NEW/proc/$p" "$NEW/proc/$p"; mount -o remount,bind,ro "$NEW/proc/$p"; }
+done
 cd "$NEW"
 pivot_root . .old
 umount -l /.old
 rmdir /.old
+mount -o remount,bind,ro /
 cd /tree
 exec prlimit --as="$AS" --cpu="$CPU" --fsize="$FSIZE" --nproc="$NPROC" --core=0 -- \
-    setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs "$@"
+    setpriv $DROP --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs "$@"
 """
 LIMITS = {"AS": 4 << 30, "FSIZE": 64 << 20, "NPROC": 64, "TMPSIZE": "64m"}  # bytes, bytes, processes and threads
-UNSHARE = ["unshare", "--map-user=1000", "--map-group=1000", "--keep-caps", "--mount", "--pid", "--fork",
-           "--kill-child", "--net", "--propagation", "private"]
+NAMESPACES = ["--mount", "--pid", "--fork", "--kill-child", "--net", "--uts", "--ipc", "--propagation", "private"]
+ROOT_UNSHARE = ["unshare", *NAMESPACES]
+USER_UNSHARE = ["unshare", "--map-user=1000", "--map-group=1000", "--keep-caps", *NAMESPACES]
+FIRST_UID = 1_900_000_000  # as root, the student's uid is one of 100,000,000 from here: in no passwd, used by no one
+
+
+def unshare() -> list[str]:
+    """The unshare command for this grader's user (root: ROOT_UNSHARE; anyone else: USER_UNSHARE)."""
+    return ROOT_UNSHARE if os.geteuid() == 0 else USER_UNSHARE
+
+
+def student_ids() -> dict:
+    """The environment that names who the student's code runs as: as root, a fresh unprivileged uid and gid and the
+    setpriv flags that switch to them with no supplementary group; otherwise uid 1000 of the user namespace."""
+    if os.geteuid() != 0:
+        return {"RUN_UID": "1000", "RUN_GID": "1000", "DROP": ""}
+    uid = str(FIRST_UID + secrets.randbelow(100_000_000))
+    return {"RUN_UID": uid, "RUN_GID": uid, "DROP": f"--reuid={uid} --regid={uid} --clear-groups"}
 
 
 def sandbox_works() -> bool:
@@ -270,7 +326,7 @@ def sandbox_works() -> bool:
             with tempfile.TemporaryDirectory() as tmp:
                 (Path(tmp) / "tree").mkdir()
                 (Path(tmp) / "root").mkdir()
-                out = subprocess.run(UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", f"{tmp}/root", f"{tmp}/tree",
+                out = subprocess.run(unshare() + ["/bin/sh", "-c", SANDBOX, "sandbox", f"{tmp}/root", f"{tmp}/tree",
                                                 sys.executable, "-c", "print('ok')"],
                                      capture_output=True, text=True, timeout=60, env=_base_env(60))
                 _SANDBOX_OK["ok"] = out.returncode == 0 and out.stdout.strip() == "ok"
@@ -284,7 +340,7 @@ _SANDBOX_OK: dict = {}
 
 def _base_env(cpu_s: float) -> dict:
     return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "BASE": sys.base_prefix, "PREFIX": sys.prefix,
-            "CPU": str(max(1, int(cpu_s))), **{k: str(v) for k, v in LIMITS.items()}}
+            "CPU": str(max(1, int(cpu_s))), **{k: str(v) for k, v in LIMITS.items()}, **student_ids()}
 
 
 def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bool) -> tuple[int | None, str]:
@@ -302,7 +358,7 @@ def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bo
     cmd = [sys.executable, *(["-O"] if runner else []), *args]
     if sandboxed:
         (tree.parent / f"{tree.name}_root").mkdir()
-        cmd = UNSHARE + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd
+        cmd = unshare() + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd
         env.update(_base_env(timeout), PATH="/usr/bin:/bin:/usr/sbin:/sbin")
     with open(tree / "record.jsonl", "ab") as record, open(tree.parent / f"{tree.name}.out", "w+b") as out:
         (tree / "grading.json").write_text(json.dumps({**config, "record_fd": record.fileno()}))
@@ -344,7 +400,7 @@ def _kill_leftovers(proc: subprocess.Popen, marker: str):
 _PARSE_LOCK = threading.Lock()  # run_student's tree building, which parses the student's files
 
 
-def plan(exercises: list[str], tmp: Path, timeout: float = 600.0) -> dict:
+def plan(exercises: list[str], tmp: Path, seed: int, timeout: float = 600.0) -> dict:
     """The call plan: our tests on our code, every call to an exercise function written down with its inputs only.
     Returns {exercise: {test id: [call, ...]}}."""
     tree = tmp / "plan"
@@ -352,7 +408,7 @@ def plan(exercises: list[str], tmp: Path, timeout: float = 600.0) -> dict:
     for file in MODULES:
         shutil.copy2(ROOT / file, tree / file)
     _copy_tests(tree, [e for e in exercises if e in SNAPSHOTS])
-    config = {"mode": "plan", "functions": _functions(exercises), "plan": "plan.jsonl"}
+    config = {"mode": "plan", "functions": _functions(exercises), "plan": "plan.jsonl", "seed": seed}
     code, tail = _spawn(tree, _pytest_args(exercises), config, timeout, runner=False)
     if code != 0 or not (tree / "plan.jsonl").is_file():
         raise RuntimeError(f"our tests failed on our code while planning (exit {code}): {tail}")
@@ -366,12 +422,15 @@ def plan(exercises: list[str], tmp: Path, timeout: float = 600.0) -> dict:
 def run_student(student: Path, exercise: str, tmp: Path, timeout: float, calls: dict) -> dict:
     """The runner for one exercise: the planned `calls` ({test id: [call]}) made on the student's functions.
     Returns {"problem": one line or "", "recorded": {test id: calls}}."""
-    tree = tmp / f"runner_{exercise}"
+    tree, notes = tmp / f"runner_{exercise}", []
     tree.mkdir()
     with _PARSE_LOCK:  # one tree at a time: its ast.parse calls in two threads at once can raise CPython 3.11's
-        problem = build_runner_tree(student, exercise, tree)  # "AST constructor recursion depth mismatch" (gh-106905)
+        try:  # "AST constructor recursion depth mismatch" (gh-106905)
+            problem = build_runner_tree(student, exercise, tree, notes)
+        except (RecursionError, MemoryError) as err:  # a student's def too deep to splice back into our module
+            problem = f"the student's code does not parse: {type(err).__name__} (nested too deep or too large)"
     if problem:
-        return {"problem": problem, "recorded": {}}
+        return {"problem": problem, "recorded": {}, "notes": notes}
     (tree / "plan.json").write_text(json.dumps(calls))
     names = sorted({c["name"] for test in calls.values() for c in test})
     config = {"mode": "run", "functions": [n.split(".", 1) for n in names] or _functions([exercise]),
@@ -388,10 +447,10 @@ def run_student(student: Path, exercise: str, tmp: Path, timeout: float, calls: 
                 continue
     problem = f"timed out after {timeout:.0f} s (an endless loop?)" if code is None else \
         "" if recorded else f"the runner recorded nothing (exit {code}): does the student's code import?"
-    return {"problem": problem, "recorded": recorded}
+    return {"problem": problem, "recorded": recorded, "notes": notes}
 
 
-def judge(recorded: dict, exercises: list[str], tmp: Path, timeout: float = 600.0) -> list[dict]:
+def judge(recorded: dict, exercises: list[str], tmp: Path, seed: int, timeout: float = 600.0) -> list[dict]:
     """Our tests, on our code, with the recorded calls played back: [{test, exercise, when, outcome, message}]."""
     tree = tmp / "judge"
     tree.mkdir()
@@ -400,7 +459,7 @@ def judge(recorded: dict, exercises: list[str], tmp: Path, timeout: float = 600.
     _copy_tests(tree, [e for e in exercises if e in SNAPSHOTS])
     (tree / "recorded.json").write_text(json.dumps(recorded))
     config = {"mode": "replay", "functions": _functions(exercises), "recorded": "recorded.json",
-              "results": "results.jsonl"}
+              "results": "results.jsonl", "seed": seed}
     code, tail = _spawn(tree, _pytest_args(exercises), config, timeout, runner=False)
     results = tree / "results.jsonl"
     if code is None or not results.is_file():
@@ -414,11 +473,12 @@ def grade(student: Path, exercises: list[str], timeout: float = 120.0, jobs: int
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="grade_") as tmp:
         tmp = Path(tmp)
-        calls = plan(exercises, tmp)
+        seed = secrets.randbits(48)  # this grading's fresh cases: drawn in the plan and again in the judge, never
+        calls = plan(exercises, tmp, seed)  # told to the runner
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             runs = dict(zip(exercises, pool.map(lambda ex: run_student(student, ex, tmp, timeout, calls[ex]),
                                                 exercises)))
-        verdicts = judge({ex: r["recorded"] for ex, r in runs.items()}, exercises, tmp)
+        verdicts = judge({ex: r["recorded"] for ex, r in runs.items()}, exercises, tmp, seed)
     rows = []
     for ex in exercises:
         outcome = {}
@@ -427,15 +487,34 @@ def grade(student: Path, exercises: list[str], timeout: float = 120.0, jobs: int
                 ok = outcome.get(v["test"], (True, ""))
                 outcome[v["test"]] = (ok[0] and v["outcome"] != "failed", ok[1] or sanitize(v["message"]))
         failures = [(test.split("::")[-1], msg) for test, (ok, msg) in outcome.items() if not ok]
+        failures.sort(key=lambda f: is_fresh(f[0]))  # the hand-worked tests' messages teach: they come first
         passed = len(outcome) - len(failures)
         row = {"exercise": ex, "passed": passed, "total": len(outcome), "max": EXERCISES[ex]["points"],
-               "failures": failures, "points": round(EXERCISES[ex]["points"] * passed / max(1, len(outcome)), 1),
+               "failures": failures, "points": round(EXERCISES[ex]["points"] * share(outcome), 1),
                "first_failure": f"{failures[0][0]}: {failures[0][1]}" if failures else "",
                "seconds": time.time() - t0}
         if runs[ex]["problem"]:  # a file that does not parse, a time limit, a runner that ran nothing: 0 points
             row.update(points=0.0, passed=0, first_failure=runs[ex]["problem"])
+        row["notes"] = runs[ex].get("notes", [])
+        if EXERCISES[ex].get("uses") and failures and not runs[ex]["problem"]:  # its runner held another
+            name, _, message = row["first_failure"].partition(": ")  # exercise's reference: no number it gave shown
+            row["first_failure"] = f"{name}: " + re.sub(r"(?<![\w.])\d+(\.\d+)?(e[+-]?\d+)?", "#", message)
         rows.append(row)
     return rows
+
+
+def is_fresh(test: str) -> bool:
+    """Whether a test id is one of the fresh cases (tests/test_exercises.py test_<exercise>_fresh[part])."""
+    return "_fresh" in test.split("::")[-1]
+
+
+def share(outcome: dict) -> float:
+    """The share of an exercise's points a student earns: {test id: (passed, message)} -> the smaller of the shares
+    passed among its public tests (hand-worked and snapshots: their answers are in the repository) and among its
+    fresh cases (drawn at this grading). A table of the public answers passes no fresh case and scores 0; honest
+    code that is right scores 1 on both; one mistake costs what it fails of either."""
+    groups = [[ok for test, (ok, _) in outcome.items() if is_fresh(test) == fresh] for fresh in (False, True)]
+    return min((sum(g) / len(g) for g in groups if g), default=0.0)
 
 
 def run_exercise(student: Path, exercise: str, timeout: float = 120.0) -> dict:
@@ -458,6 +537,8 @@ def table(rows: list[dict], sandboxed: bool = True) -> str:
     for r in rows:
         out.append(f"{r['exercise']:11s} {r['passed']:>3d}/{r['total']:<3d} {r['points']:>5.1f}/{r['max']:<5d}  "
                    f"{r['first_failure']}")
+        if r["points"] < r["max"]:  # why a top-level import or constant the student's code may need was not there
+            out.extend(f"{'':31s}note: {sanitize(note, 200)}" for note in r.get("notes", [])[:3])
     got, most = sum(r["points"] for r in rows), sum(r["max"] for r in rows)
     out.append(f"{'total':11s} {'':7s} {got:>5.1f}/{most:<5d}")
     if not sandboxed:
@@ -495,6 +576,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     print(f"grading {' '.join(args.exercises)} ...", flush=True)
     sandboxed = sandbox_works()
+    if not sandboxed and os.geteuid() == 0:  # never the student's code as root, not even when allowed
+        print("error: grade.py runs as root here and cannot set up its sandbox (as root it needs mount, PID, network, "
+              "UTS and IPC namespaces, i.e. CAP_SYS_ADMIN, and unshare, setpriv and prlimit): the student's code "
+              "would run as root; grade as an ordinary user, or in a container given CAP_SYS_ADMIN (docker run "
+              "--cap-add SYS_ADMIN)", file=sys.stderr)
+        return 2
     if not sandboxed and not args.allow_unsandboxed:
         print("error: no sandbox here (it needs Linux user namespaces, unshare, setpriv and prlimit): the student's "
               "code would run as you and read what you can; grade elsewhere, or pass --allow-unsandboxed for code you "

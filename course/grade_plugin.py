@@ -14,12 +14,16 @@ the working folder and works in one of three modes:
   autograd, the recorded gradient J^T g), and the test's own assertions decide. The outcome of every test goes to
   grading.json's "results" file.
 
+In plan and replay, grading.json's "seed" (secret, new at each grading) draws the fresh cases, whose answers come
+from our functions (`ours`); the runner only ever sees their inputs.
+
 So the verdicts, and every expected value, live in processes in which no student code runs.
 """
 
 import builtins
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -255,8 +259,16 @@ def _planner(name, fn, method):
 
 
 def run_plan():
-    """The runner: every planned call made on the student's functions (recorded by _recorder), one line per test."""
+    """The runner: every planned call made on the student's functions (recorded by _recorder), one line per test.
+
+    Each test's calls run in a child of this process (a fork: the student's code never runs here), whose calls come
+    back through a pipe of its own; only this process holds the record's file descriptor (the child closes it before
+    any call), and this process is not dumpable (no ptrace, no /proc/<pid>/fd or mem of it for the child) and, in the
+    sandbox, the PID namespace's init, which a signal from inside cannot stop. So the student's code can choose what
+    its own functions return, and nothing else: not another test's line, not the record's framing."""
+    import ctypes
     import os
+    import signal
 
     sys.path[:0] = [os.getcwd()]
     targets = {}
@@ -265,20 +277,64 @@ def run_plan():
         targets[qualified] = (owner, attr)
     plan = json.loads(Path(CONFIG["plan"]).read_text(encoding="utf-8"))
     record = os.fdopen(CONFIG["record_fd"], "a", encoding="utf-8")  # the grader's file: the tree is read-only
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: as the namespace's init, not stopped from inside
     for test, calls in plan.items():
-        _calls.clear()
-        for call in calls:
-            if call["name"] not in targets:  # not one of this exercise's functions: replayed as not graded
-                break
-            owner, attr = targets[call["name"]]
-            memo = {}
-            args, kwargs = decode_input(call["args"], memo), decode_input(call["kwargs"], memo)
-            try:
-                getattr(owner, attr)(*args, **kwargs)
-            except Exception:
-                pass  # recorded
-        record.write(json.dumps({"test": test, "calls": list(_calls)}) + "\n")
+        record.write(json.dumps({"test": test, "calls": _calls_in_child(calls, targets, record.fileno())}) + "\n")
         record.flush()
+
+
+MAX_CHILD = 20_000_000  # bytes of one test's calls read back from its child
+
+
+def _calls_in_child(calls: list, targets: dict, record_fd: int) -> list:
+    """One test's planned calls made in a forked child; returns the calls it recorded (a list of dicts, else [])."""
+    import os
+    import select
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no record, then the student's functions
+        try:
+            os.close(read)
+            os.close(record_fd)
+            _calls.clear()
+            for call in calls:
+                if call["name"] not in targets:  # not one of this exercise's functions: replayed as not graded
+                    break
+                owner, attr = targets[call["name"]]
+                memo = {}
+                args, kwargs = decode_input(call["args"], memo), decode_input(call["kwargs"], memo)
+                try:
+                    getattr(owner, attr)(*args, **kwargs)
+                except Exception:
+                    pass  # recorded
+            data = json.dumps(list(_calls)).encode()
+            while data:
+                data = data[os.write(write, data):]
+        finally:
+            os._exit(0)
+    os.close(write)
+    chunks, size, done = [], 0, False
+    while size <= MAX_CHILD:  # until the child has ended and its pipe is drained (a process it left behind that
+        ready, _, _ = select.select([read], [], [], 0.05)  # holds the pipe open is not waited for)
+        chunk = os.read(read, 1 << 20) if ready else b""
+        chunks.append(chunk)
+        size += len(chunk)
+        if ready and not chunk:  # EOF: nobody holds the pipe any more
+            break
+        if not ready:
+            if done:
+                break
+            done = os.waitpid(pid, os.WNOHANG)[0] == pid  # one more pass to drain what it wrote before it ended
+    os.close(read)
+    if not done:
+        os.waitpid(pid, 0)
+    try:
+        got = json.loads(b"".join(chunks)) if size <= MAX_CHILD else None
+    except (ValueError, RecursionError):
+        got = None
+    return got if isinstance(got, list) and all(isinstance(c, dict) for c in got) else []
 
 
 def _replayer(name, method):
@@ -303,6 +359,21 @@ def _replayer(name, method):
 
 
 RECORDED: dict = {}
+ORIGINALS: dict = {}  # (owner, attribute) -> our function, before it was wrapped (plan) or replaced by a stub (replay)
+
+
+@contextmanager
+def ours():
+    """Our functions back in place for the block: a fresh case's answer (tests/test_exercises.py `fresh`) is ours,
+    never the recorded one, and drawing it is not a planned call."""
+    now = {key: getattr(*key) for key in ORIGINALS}
+    for (owner, attr), fn in ORIGINALS.items():
+        setattr(owner, attr, fn)
+    try:
+        yield
+    finally:
+        for (owner, attr), fn in now.items():
+            setattr(owner, attr, fn)
 
 
 def _targets():
@@ -323,6 +394,7 @@ def pytest_configure(config):
         RECORDED.update({(ex, test): calls for ex, tests in by_exercise.items() for test, calls in tests.items()})
     for owner, attr, qualified, method in list(_targets()):
         fn = getattr(owner, attr)
+        ORIGINALS[(owner, attr)] = fn
         setattr(owner, attr, _planner(qualified, fn, method) if CONFIG["mode"] == "plan" else
                 _replayer(qualified, method))
 

@@ -12,6 +12,7 @@ a deliberate change of a graded function.
 
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -108,6 +109,189 @@ def llds_() -> dict:
 
 
 SNAPSHOTS = {"advantages": advantages, "clipped": clipped, "kl": kl, "gate": gate, "llds": llds_}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fresh cases (course/grade.py): drawn anew at every grading from its secret seed, their answers our functions' on
+# them, so that no table of public answers passes them. Each part is a mix no constant answer passes; its structure
+# (which cases it holds) is fixed, only the values are drawn, so one mistake fails the same parts at every grading.
+# tests/test_exercises.py's test_<exercise>_fresh calls FRESH[exercise][part](seed) with our functions in place.
+
+
+def _sizes_ids(g, sizes):
+    ids = [f"q{i}" for i, n in enumerate(sizes) for _ in range(n)]
+    perm = torch.randperm(len(ids), generator=g).tolist()  # interleaved groups
+    return [ids[p] for p in perm]
+
+
+def fresh_advantages(seed: int, part: str) -> list[dict]:
+    g, cases = torch.Generator().manual_seed(seed), []
+    for _ in range(4):
+        if part == "binary":  # groups of 2-6, 0/1 rewards, one group all equal (its advantages exactly 0)
+            sizes = [int(x) for x in torch.randint(2, 7, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g)]
+            ids = _sizes_ids(g, sizes)
+            rewards = (torch.rand(len(ids), generator=g) < 0.5).float()
+            rewards[[i for i, q in enumerate(ids) if q == "q0"]] = float(torch.rand(1, generator=g) < 0.5)
+            rewards[[i for i, q in enumerate(ids) if q == "q1"][:2]] = torch.tensor([1.0, 0.0])  # one mixed group
+            eps, scale = 1e-6, True
+        else:  # "continuous": a group of one beside larger ones, another eps, and scale=False in half the cases
+            ids = _sizes_ids(g, [1, 3, int(torch.randint(2, 6, (1,), generator=g))])
+            rewards = torch.rand(len(ids), generator=g) * 2 - 0.5
+            eps, scale = float(torch.rand(1, generator=g)) * 0.5, len(cases) % 2 == 0
+        cases.append({"rewards": _l(rewards), "group_ids": ids, "eps": eps, "scale": scale,
+                      "adv": _l(grpo.group_advantages(rewards, ids, eps=eps, scale=scale))})
+    return cases
+
+
+def fresh_clipped(seed: int, part: str) -> list[dict]:
+    """part: the aggregation; each case a random batch, ratios inside and outside the clip, eps_high or not."""
+    g, cases = torch.Generator().manual_seed(seed), []
+    for i in range(3):
+        B, T = int(torch.randint(2, 7, (1,), generator=g)), int(torch.randint(3, 11, (1,), generator=g))
+        old = -torch.rand(B, T, generator=g) * 3
+        logp = (old + torch.randn(B, T, generator=g) * 0.5).requires_grad_()
+        adv = torch.randn(B, generator=g)
+        mask = _mask(g, B, T)
+        extra = int(torch.randint(0, 6, (1,), generator=g))
+        eps_high = None if i == 0 else 0.28
+        num_tokens, num_seqs = mask.sum() + extra, B + extra
+        loss, m = grpo.grpo_loss(logp, old, None, adv, mask, clip_eps_high=eps_high, agg=part, kl_coef=0.0,
+                                 num_tokens=num_tokens, num_seqs=num_seqs)
+        (grad,) = torch.autograd.grad(loss, logp)
+        cases.append({"logp": _l(logp.detach()), "old_logp": _l(old), "adv": _l(adv), "mask": _l(mask), "agg": part,
+                      "clip_eps_high": eps_high, "num_tokens": num_tokens.item(), "num_seqs": num_seqs,
+                      "loss": loss.item(), "grad": _l(grad), "clip_frac": m["grpo/clip_frac"]})
+    return cases
+
+
+def fresh_kl(seed: int, part: str) -> list[dict]:
+    """part "moderate": log-ratios within +-4; "extreme": up to +-40, where the clamps act."""
+    g = torch.Generator().manual_seed(seed)
+    n, scale = int(torch.randint(10, 41, (1,), generator=g)), 1.5 if part == "moderate" else 15.0
+    logp = (torch.randn(n, generator=g) * scale).requires_grad_()
+    ref = torch.randn(n, generator=g) * scale
+    k3 = grpo.kl_k3(logp, ref)
+    (grad,) = torch.autograd.grad(k3.sum(), logp)
+    return [{"logp": _l(logp.detach()), "ref_logp": _l(ref), "k3": _l(k3.detach()), "grad": _l(grad)}]
+
+
+def fresh_gate(seed: int, part: str) -> list[dict]:
+    """part "segments": action_segments alone; "gate": _gate_action, some action sums exactly 0."""
+    g, cases = torch.Generator().manual_seed(seed), []
+    for _ in range(3):
+        B, T = int(torch.randint(2, 7, (1,), generator=g)), int(torch.randint(4, 16, (1,), generator=g))
+        keep = (torch.rand(B, T, generator=g) < 0.6).float()
+        delta = torch.randn(B, T, generator=g).round(decimals=1)
+        case = {"keep": _l(keep), "seg": _l(llds.action_segments(keep))}
+        if part == "gate":
+            gate_, n_on, n_units = llds._gate_action(delta, keep)
+            case.update(delta=_l(delta), gate=_l(gate_), n_on=int(n_on), n_units=int(n_units))
+        cases.append(case)
+    return cases
+
+
+def fresh_llds(seed: int, part: str) -> list[dict]:
+    """part "action": the action gate under both normalisations; "response-token": the other two gates."""
+    g, cases = torch.Generator().manual_seed(seed), []
+    gates = ["action"] if part == "action" else ["response", "token"]
+    for gate_ in gates:
+        for norm in llds.NORMS:
+            B, T = int(torch.randint(3, 8, (1,), generator=g)), int(torch.randint(4, 12, (1,), generator=g))
+            old = -torch.rand(B, T, generator=g) * 3
+            logp = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_()
+            adv = torch.randn(B, generator=g).round(decimals=1)
+            adv[int(torch.randint(0, B, (1,), generator=g))] = 0.0  # a zero advantage: in Y_pre
+            mask = _mask(g, B, T)
+            loss, m = llds.llds_loss(logp, old, adv, mask, gate=gate_, norm=norm)
+            (grad,) = torch.autograd.grad(loss, logp)
+            cases.append({"gate": gate_, "norm": norm, "logp": _l(logp.detach()), "old_logp": _l(old),
+                          "adv": _l(adv), "mask": _l(mask), "loss": loss.item(), "grad": _l(grad),
+                          "gate_rate": m["llds/gate_rate"]})
+    return cases
+
+
+WORDS = ["Rhine", "Bonn", "capital", "the", "river", "of", "Paris", "Seine", "a", "museum", "x", "Bei", "jing"]
+
+
+def fresh_cut_turn(seed: int, part: str) -> list[dict]:
+    """part "cut": cut_turn on random turns with </search>, </answer> and EOS at random places (and none);
+    "append": Episode.append sequences of actions and observations."""
+    from rollout import Episode, cut_turn
+    from tiny import build_tokenizer
+
+    g, tok, cases = random.Random(seed), build_tokenizer(), []
+    if part == "cut":
+        eos = tok.eos_token_id
+        for stop in ("</search>", "</answer>", "eos", "none", "</search>", "eos"):
+            ids = tok.encode(" ".join(g.choice(WORDS) for _ in range(g.randint(1, 6))), add_special_tokens=False)
+            tail = tok.encode(" " + " ".join(g.choice(WORDS) for _ in range(g.randint(0, 4))), add_special_tokens=False)
+            ids += {"eos": [eos], "none": []}.get(stop) or tok.encode(f" {stop}", add_special_tokens=False)
+            ids += tail + [eos] * g.randint(0, 2)
+            kept, on_eos = cut_turn(ids, tok, {eos})
+            cases.append({"ids": ids, "kept": list(kept), "eos": bool(on_eos)})
+        return cases
+    for _ in range(3):
+        e, steps = Episode("q", ["a"], "nq", group_id=0, prompt_ids=[1, 2]), []
+        for _ in range(g.randint(2, 6)):
+            n, trained = g.randint(1, 5), g.random() < 0.5
+            ids = [g.randint(3, 60) for _ in range(n)]
+            mask = [g.randint(0, 1) for _ in range(n)] if trained and g.random() < 0.5 else None
+            e.append(ids, trained=trained, answer_mask=mask)
+            steps.append({"ids": ids, "trained": trained, "answer_mask": mask})
+        cases.append({"steps": steps, "response_ids": e.response_ids, "loss_mask": e.loss_mask,
+                      "answer_mask": e.answer_mask})
+    return cases
+
+
+def fresh_em(seed: int, part: str) -> list[dict]:
+    """part "normalize": normalize_answer on random texts (case, ASCII punctuation inside and between words, articles
+    as words and inside words, runs of spaces, a Unicode dash); "check": em_check, matches and near misses."""
+    from rollout import em_check, normalize_answer
+
+    g, cases = random.Random(seed), []
+    words = ["Theatre", "an", "Eiffel", "The", "a", "Anna", "tower", "A.M.", "Jean–Paul", "apple", "THE", "isle"]
+    def text():
+        out = "".join(g.choice(["", " ", "  "]) + g.choice(words) + g.choice(["", ",", "!", "-", ".", ";"])
+                      for _ in range(g.randint(1, 5)))
+        return out if g.random() < 0.5 else out.upper()
+    if part == "normalize":
+        return [{"text": t, "norm": normalize_answer(t)} for t in (text() for _ in range(8))]
+    for _ in range(8):
+        golds = [text() for _ in range(g.randint(1, 3))]
+        kind = g.choice(["same", "case", "punct", "other", "substring", "none", "article"])
+        pred = {"same": golds[0], "case": golds[0].swapcase(), "punct": f"the {golds[0]}!", "other": text(),
+                "substring": f"{golds[0]} tower", "none": None, "article": "The"}[kind]
+        cases.append({"prediction": pred, "golds": golds, "em": em_check(pred, golds)})
+    return cases
+
+
+def fresh_alarm(seed: int, part: str) -> list[dict]:
+    """part "phases": rising, flat, steadily falling and accelerating likelihoods; "gaps": the same with steps
+    without a correct response (None) and grad-norm spikes."""
+    g, cases = random.Random(seed), []
+    for shape in ("rise", "flat", "decay", "accelerate") * 2:
+        k, n = g.randint(2, 4), g.randint(5, 9)
+        base = [round(g.uniform(-0.3, 0.3), 3) for _ in range(n - k)]
+        tail = {"rise": [round(g.uniform(0.01, 0.3), 3) for _ in range(k)],
+                "flat": [round(g.choice([0.0, -0.01, 0.02]), 3) for _ in range(k)],
+                "decay": [round(-0.1 - g.uniform(0, 0.02), 3) for _ in range(k)],
+                "accelerate": [round(-0.1 * 2 ** i, 3) for i in range(k)]}[shape]
+        delta = base + tail
+        gnorm = [round(g.uniform(0.8, 1.2), 3) for _ in range(n)]
+        if part == "gaps":
+            delta.insert(g.randint(1, n - 1), None)
+            gnorm.insert(0, 1.0)
+            if g.random() < 0.5:
+                gnorm[-1] = round(g.uniform(3, 6), 3)
+        cases.append({"delta": delta, "gnorm": gnorm, "k": k, "phase": llds.lld_alarm(delta, gnorm, k=k)})
+    return cases
+
+
+FRESH = {"advantages": (fresh_advantages, ("binary", "continuous")),
+         "clipped": (fresh_clipped, ("token-mean", "seq-mean-token-mean")),
+         "kl": (fresh_kl, ("moderate", "extreme")), "gate": (fresh_gate, ("segments", "gate")),
+         "llds": (fresh_llds, ("action", "response-token")), "cut_turn": (fresh_cut_turn, ("cut", "append")),
+         "em": (fresh_em, ("normalize", "check")), "alarm": (fresh_alarm, ("phases", "gaps"))}
 
 # Every stored float is a float32 value (a tensor's, or a metric taken from one). A CPU with other vector widths sums
 # the same float32 terms in another order: a few ulps apart (issue 22: a gradient -0.016324304 here, -0.016324302

@@ -179,7 +179,7 @@ def test_attacks_score_0(tmp_path):
         return
     # an exception reaches the table as its type only: no attack's text (nor the reference's it raised) gets out
     assert not any(text in shown for text in ("no solution in reach", "no grader in reach", "no table entry", "def "))
-    assert "the runner recorded nothing" in rows["cut_turn"]["first_failure"]
+    assert "not graded: the runner recorded no call" in rows["cut_turn"]["first_failure"]  # each test's child ended
     # what the student is shown of the text it raised (the reference the runner holds: the exercises used by others,
     # here the action gate): nothing, only the exception's type
     assert rows["llds"]["first_failure"] == "test_llds_hand_computed_action_gate: ValueError"
@@ -218,7 +218,8 @@ def test_a_test_oracle_finds_no_test_and_no_expected_value(tmp_path):
 
 def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
     # the hand-worked tests' inputs and answers are in the copy's tests/test_exercises.py (unless held back), so a table
-    # passes those; the snapshots' expected values never leave this repository, so it cannot pass them
+    # passes those; the snapshots' expected values are public in this repository, but the fresh cases are drawn at
+    # each grading: the table passes none of them, and an exercise scores the smaller share of the two (0)
     tree = blank_copy(tmp_path / "student")
     write(tree, "grpo.py", "group_advantages", """
         key = (tuple(round(float(r), 4) for r in rewards), tuple(group_ids), eps, scale)
@@ -233,9 +234,10 @@ def test_a_table_of_the_visible_tests_fails_the_snapshots(tmp_path):
                  ((1.0, 0.0, 0.0), ("q",) * 3, 1e-6, False): [2 / 3, -1 / 3, -1 / 3]}
         return torch.tensor(table.get(key, [0.0] * len(group_ids)))
     """)
-    row = grade.run_exercise(tree, "advantages")
-    assert (row["passed"], row["total"]) == (7, 8) and row["points"] == pytest.approx(13.1), row
+    row = grade.run_exercise(tree, "advantages")  # issue 48: it scored 13.1 of 15 before the fresh cases
+    assert (row["passed"], row["total"]) == (7, 10) and row["points"] == pytest.approx(0.0, abs=1e-12), row
     assert row["first_failure"].startswith("test_advantages_snapshot: snapshot"), row
+    assert [f for f, _ in row["failures"]][1:] == ["test_advantages_fresh[binary]", "test_advantages_fresh[continuous]"]
 
 
 def test_only_the_students_own_regular_files_are_read(tmp_path):
@@ -312,9 +314,10 @@ def test_the_sandbox_has_limits_and_is_read_only_below_every_bind(tmp_path):
     (tmp_path / "tree").mkdir()
     (tmp_path / "root").mkdir()
     (tmp_path / "tree" / "probe.py").write_text(SANDBOX_PROBE)
-    inner = [*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"), str(tmp_path / "tree"),
-             sys.executable, "/tree/probe.py"]
-    outer = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "/bin/sh", "-c",
+    inner = [*grade.unshare(), "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+             str(tmp_path / "tree"), sys.executable, "/tree/probe.py"]
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]  # root: no user namespace (the sandbox's uid)
+    outer = ["unshare", *user, "--mount", "--propagation", "private", "/bin/sh", "-c",
              'mount -t tmpfs tmpfs /usr/share && echo host > /usr/share/host_file && exec "$@"', "outer", *inner]
     r = subprocess.run(outer, capture_output=True, text=True, env=grade._base_env(30), timeout=300)
     if r.returncode and "unshare" in r.stderr and not r.stdout:  # no nested namespaces here: the limits alone
@@ -332,6 +335,7 @@ def test_the_sandbox_has_limits_and_is_read_only_below_every_bind(tmp_path):
 
 def test_no_sandbox_no_grade_unless_allowed_and_then_the_table_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grade, "sandbox_works", lambda: False)
+    monkeypatch.setattr(grade.os, "geteuid", lambda: 1000)  # an ordinary user (as root: refused, test below)
     tree = blank_copy(tmp_path / "student")
     assert grade.main([str(tree), "--exercises", "kl"]) == 2
     assert "--allow-unsandboxed" in capsys.readouterr().err
@@ -354,9 +358,183 @@ def test_the_sandbox_runs_a_virtual_env_that_lives_under_tmp(tmp_path):
     with tempfile.TemporaryDirectory(dir="/tmp") as where:  # /tmp itself, whatever TMPDIR or pytest's basetemp say
         prefix = Path(where) / ".venv"
         venv.EnvBuilder(system_site_packages=True, with_pip=False).create(prefix)
-        r = subprocess.run([*grade.UNSHARE, "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+        r = subprocess.run([*grade.unshare(), "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
                             str(tmp_path / "tree"), str(prefix / "bin" / "python"), "-c", code],
                            capture_output=True, text=True, env={**grade._base_env(30), "PREFIX": str(prefix)},
                            timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == [str(prefix), "False"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# issue 48: a grader run as root; a record the student cannot write; fresh cases; hostile source; a linked venv
+
+ROOT_PROBE = """
+import errno, json, os, socket
+out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(), "pid": os.getpid(),
+       "uts": os.readlink("/proc/self/ns/uts"), "ipc": os.readlink("/proc/self/ns/ipc"),
+       "etc": sorted(os.listdir("/etc"))}
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches"):
+    try:  # opened for writing, never written: a probe must not change the host
+        os.close(os.open(path, os.O_WRONLY))
+        out[path] = "opened"
+    except OSError as err:
+        out[path] = errno.errorcode[err.errno]
+for path in ("/etc/shadow", "/etc/hostname", "{repo}"):
+    out[path] = os.path.exists(path)
+try:
+    socket.sethostname("student")
+    out["sethostname"] = "changed"
+except OSError as err:
+    out["sethostname"] = errno.errorcode[err.errno]
+kids = []
+for _ in range(120):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        import time
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+out["forks"] = len(kids)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not grade.sandbox_works(),
+                    reason="needs root and the sandbox (CI runs as root)")
+def test_as_root_the_student_runs_as_nobody_of_ours_in_its_own_namespaces(tmp_path):
+    """Issue 48 item 1: a grader run as root ran the student as root (its hostname change, /proc/sys write and
+    /etc/shadow read reached the host; 120 of 120 forks). Now root builds the view, then the student's code runs as a
+    fresh unprivileged uid with no group, in its own UTS, IPC, PID, mount and network namespaces, /proc/sys read-only,
+    /etc holding the loader's files and a passwd naming it, and RLIMIT_NPROC binding."""
+    import json
+    import socket
+    import subprocess
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "tree" / "probe.py").write_text(ROOT_PROBE.replace("{repo}", str(ROOT / ".git")))
+    host = {k: os.readlink(f"/proc/self/ns/{k}") for k in ("uts", "ipc")}
+    hostname = socket.gethostname()
+    r = subprocess.run([*grade.unshare(), "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+                        str(tmp_path / "tree"), sys.executable, "/tree/probe.py"],
+                       capture_output=True, text=True, env=grade._base_env(30), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    print(got)
+    assert got["uid"] == got["euid"] == got["gid"] >= grade.FIRST_UID and got["groups"] == [] and got["pid"] == 1
+    assert got["uts"] != host["uts"] and got["ipc"] != host["ipc"]
+    assert all(got[p] in ("EACCES", "EROFS", "EPERM") for p in ("/proc/sys/kernel/core_pattern",
+                                                               "/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches"))
+    assert not got["/etc/shadow"] and not got["/etc/hostname"] and not got[str(ROOT / ".git")]
+    assert set(got["etc"]) <= {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf",
+                               "alternatives", "passwd", "group", "fstab"}
+    assert got["sethostname"] == "EPERM" and socket.gethostname() == hostname
+    assert got["forks"] < grade.LIMITS["NPROC"]
+
+
+def test_as_root_without_a_sandbox_grade_py_refuses_even_when_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(grade, "sandbox_works", lambda: False)
+    monkeypatch.setattr(grade.os, "geteuid", lambda: 0)
+    tree = blank_copy(tmp_path / "student")
+    assert grade.main([str(tree), "--exercises", "kl", "--allow-unsandboxed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs as root" in err[0] and "--cap-add SYS_ADMIN" in err[0], err
+
+
+FORGER = """
+    import json, os, signal
+    config = json.load(open("grading.json"))
+    forged = json.dumps({"test": "tests/test_exercises.py::test_kl_k3_hand_values", "calls": []}) + "\\n"
+    for fd in {config["record_fd"], 3}:  # the runner's record descriptor, by its number
+        try:
+            os.write(fd, forged.encode() * 50)  # first lines for every test, empty: would score 0 (issue 48 item 2)
+        except OSError:
+            pass
+    for pid in (1, os.getppid()):
+        try:
+            os.kill(pid, signal.SIGKILL)  # and end the runner, truncating the record
+        except OSError:
+            pass
+    x = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)
+    return (x.exp() - x - 1.0).clamp(-10.0, 10.0)
+"""
+
+
+@pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox on this machine (grade.py refuses to grade here)")
+def test_the_record_is_the_runners_an_honest_forger_keeps_its_points(tmp_path):
+    """Issue 48 item 2: an honest kl_k3 that first wrote forged record lines to the runner's descriptor scored 0/10.
+    Each test's calls now run in a child that holds no record descriptor, and the runner (the PID namespace's init,
+    not dumpable) frames what the child returns: the forgery and the kill reach nothing. (What the child sends back is
+    the student's to spoil, and it spoils that test's calls only: as returning a wrong value would.)"""
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "kl_k3", FORGER)
+    row = grade.run_exercise(tree, "kl")
+    assert row["points"] == row["max"], row
+
+
+@pytest.mark.parametrize("body", ["return " + "-" * 10_000 + "1", "return " + "1+" * 700_000 + "1"],
+                         ids=["10000 minus signs", "a 1.4 MB expression"])
+def test_hostile_source_is_one_line_never_a_traceback(tmp_path, body):
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "kl_k3", body)
+    row = grade.run_exercise(tree, "kl")
+    assert row["points"] == 0 and row["first_failure"].startswith("grpo.py does not parse: "), row
+    assert "\n" not in row["first_failure"] and len(row["first_failure"]) < 200, row
+
+
+def test_a_top_level_import_not_taken_is_said_in_the_table(tmp_path):
+    """Module-level code never runs in the runner: a kl_k3 that needs a top-level `import math` fails, and the table
+    says why under the exercise's row; the same import inside the function scores full points."""
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "kl_k3", "x = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)\n"
+                                    "return (x.exp() - x - 1.0).clamp(-10.0, 10.0) * math.pi / math.pi")
+    (tree / "grpo.py").write_text("import math\nSCALE = float('1.0')\n" + (tree / "grpo.py").read_text())
+    row = grade.run_exercise(tree, "kl")
+    shown = grade.table([row])
+    assert row["points"] == 0 and "note: grpo.py line 1: `import math` is not taken" in shown, shown
+    assert "note: grpo.py line 2: SCALE is not taken" in shown, shown
+    write(tree, "grpo.py", "kl_k3", "import math\nx = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)\n"
+                                    "return (x.exp() - x - 1.0).clamp(-10.0, 10.0) * math.pi / math.pi")
+    assert grade.run_exercise(tree, "kl")["points"] == 10
+
+
+def test_an_exercise_that_holds_anothers_reference_shows_no_number_it_returned(tmp_path):
+    """Issue 48 item 4: clipped's runner holds our kl_k3 (llds's our gate); a grpo_loss that packs that source into
+    the floats it returns had 50 characters a grading printed. The table now shows no digit of such a message."""
+    tree = blank_copy(tmp_path / "student")
+    write(tree, "grpo.py", "grpo_loss", """
+        import inspect
+        code = [float(ord(c)) for c in inspect.getsource(kl_k3)[:64]]
+        return torch.tensor(code).sum() + logp.sum() * 0, {"grpo/clip_frac": code[0]}
+    """)
+    row = grade.run_exercise(tree, "clipped")
+    message = row["first_failure"].partition(": ")[2]
+    assert row["points"] < row["max"] and not any(c.isdigit() for c in message), row
+
+
+@pytest.mark.skipif(not grade.sandbox_works(), reason="no sandbox on this machine (grade.py refuses to grade here)")
+def test_the_sandbox_runs_a_virtual_env_reached_through_a_symbolic_link(tmp_path):
+    """Issue 48: /tmp/venv -> /data/venv made the grader answer "no sandbox here"; the link is recreated inside and
+    what it points to bound read-only."""
+    import subprocess
+    import tempfile
+    import venv
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "root").mkdir()
+    real = tmp_path / "data" / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(real)
+    with tempfile.TemporaryDirectory(dir="/tmp") as where:
+        link = Path(where) / "venv"
+        link.symlink_to(real)
+        r = subprocess.run([*grade.unshare(), "/bin/sh", "-c", grade.SANDBOX, "sandbox", str(tmp_path / "root"),
+                            str(tmp_path / "tree"), str(link / "bin" / "python"), "-c", "import os, sys; print("
+                            "sys.prefix, os.path.islink(sys.prefix), os.access(sys.prefix, os.W_OK))"],
+                           capture_output=True, text=True, env={**grade._base_env(30), "PREFIX": str(link)},
+                           timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [str(link), "True", "False"]
