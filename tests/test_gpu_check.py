@@ -78,7 +78,7 @@ def test_real_model_tiny_pack_and_run(tmp_path):
     manifest = json.loads((carry / "manifest.json").read_text())
     assert len(manifest["parts"]) >= 2 and all(p["bytes"] <= 0.3 * 2**20 for p in manifest["parts"])
     assert sum(p["bytes"] for p in manifest["parts"]) == manifest["bytes"]
-    assert r.stdout.count("  call ") == len(manifest["parts"]) and "real_model.py run" in r.stdout
+    assert r.stdout.count("  call ") == len(manifest["parts"]) and "real_model_run.py run" in r.stdout
     r = hang.run([*REAL, "run", "--tiny", "--carry", str(carry), "--out", str(out)], cwd=ROOT,
                  capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
