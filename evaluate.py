@@ -25,7 +25,6 @@ import os
 import random
 import re
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -37,7 +36,7 @@ from engine import GENERATORS
 from paper import PAPER, paper_row, recipe_row
 from policy import busy_cpu_note, load_policy
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import check_obs_budget, em_check, normalize_answer, rollout
+from rollout import check_obs_budget, em_check, f1_score, normalize_answer, rollout
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
@@ -84,26 +83,6 @@ def load_benchmark(name: str) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Metrics (one question; a prediction of None = no <answer>, scores 0 on all)
-
-
-def f1_score(prediction: str | None, golden_answers) -> float:
-    """Token F1 over normalize_answer tokens, max over golds (SQuAD v1.1 / FlashRAG F1_Score).
-
-    F1 = 2 P R / (P + R), P = |common| / |pred tokens|, R = |common| / |gold tokens| (multiset overlap). As FlashRAG
-    (and HotpotQA's official script): a "yes"/"no"/"noanswer" on either side scores 0 unless both are equal.
-    """
-    if prediction is None:
-        return 0.0
-    pred, best = normalize_answer(prediction), 0.0
-    for gold in [golden_answers] if isinstance(golden_answers, str) else golden_answers:
-        g = normalize_answer(gold)
-        if (pred in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")) and pred != g:
-            continue
-        common = sum((Counter(pred.split()) & Counter(g.split())).values())
-        if common:
-            p, r = common / len(pred.split()), common / len(g.split())
-            best = max(best, 2 * p * r / (p + r))
-    return best
 
 
 def sub_em(prediction: str | None, golden_answers) -> float:

@@ -18,6 +18,7 @@ out a real model on real questions.
 
 import re
 import string
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +72,27 @@ def em_check(prediction: str | None, golden_answers) -> float:
         elif pred == g:
             return 1.0
     return 0.0
+
+
+def f1_score(prediction: str | None, golden_answers) -> float:
+    """Token F1 over normalize_answer tokens, max over golds (SQuAD v1.1 / FlashRAG F1_Score; evaluate.py's column,
+    and the answer score of CalibAdv's silver passages, grpo.calibadv_turn_scores).
+
+    F1 = 2 P R / (P + R), P = |common| / |pred tokens|, R = |common| / |gold tokens| (multiset overlap). As FlashRAG
+    (and HotpotQA's official script): a "yes"/"no"/"noanswer" on either side scores 0 unless both are equal.
+    """
+    if prediction is None:
+        return 0.0
+    pred, best = normalize_answer(prediction), 0.0
+    for gold in [golden_answers] if isinstance(golden_answers, str) else golden_answers:
+        g = normalize_answer(gold)
+        if (pred in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")) and pred != g:
+            continue
+        common = sum((Counter(pred.split()) & Counter(g.split())).values())
+        if common:
+            p, r = common / len(pred.split()), common / len(g.split())
+            best = max(best, 2 * p * r / (p + r))
+    return best
 
 
 def extract_answer(response_text: str) -> str | None:

@@ -37,7 +37,7 @@ from data import load_questions, missing_input, next_prompts
 from engine import GENERATORS, diverged_sampling
 from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
-from grpo import REDUCE as GRPO_REDUCE
+from grpo import REDUCE as GRPO_REDUCE, calibadv_episodes
 from llds import GATES, MA_SCHEDULES, NORMS, lld_alarm, llds_loss, ma_weight
 from llds import likelihood_diagnostics, official_metrics
 from llds import REDUCE as LLDS_REDUCE
@@ -48,6 +48,7 @@ from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ck
 from retriever import BM25_VARIANTS, make_retriever
 from tracking import TRACKERS, missing_tracker, numbers, tracker
 from rollout import check_obs_budget, episode_stats, longest_prompt, rollout, rollout_metrics
+from rollout import f1_score
 
 @dataclass
 class Args:
@@ -82,6 +83,7 @@ class Args:
     kl_type: str = "k3"  # k1 | k2 | k3 (= low_var_kl, the code's)
     entropy_coef: float = 0.001  # entropy bonus (in the code, not in the paper)
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean (Eq. 1) | seq-mean-token-sum-norm
+    calib_adv: float = 0.0  # CalibAdv's calibrated advantages (grpo.calibadv_advantages) at this target ratio; 0 = off
     # --- LLDS
     llds: float = 0.2  # lambda (paper: 0.2; 0.3 for 7B-Instruct); 0 = plain GRPO (LLDS metrics still logged)
     llds_gate: str = "action"  # action (LLDS-A, the paper's) | response | token (no gate)
@@ -117,7 +119,7 @@ class Args:
 
 
 NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef",
-                "llds", "llds_ma_weight", "probe_questions")
+                "llds", "llds_ma_weight", "probe_questions", "calib_adv")
 COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
           "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
           "save_every", "keep_checkpoints", "probe_every")
@@ -235,18 +237,18 @@ def llds_ma_weight(episodes, answer_mask: torch.Tensor,
 
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int,
-           mini_batch_size: int, amp=contextlib.nullcontext()):
+           mini_batch_size: int, amp=contextlib.nullcontext(), pg_adv=None):
     """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
 
     batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
-    adv [B]. old_logp's first mini-batch rows are filled here by the update's own forward, detached: before the first
-    optimizer step the policy is the rollout's (tests/test_train.py: the same run as with a separate pass).
-    mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks (P14),
-    so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
+    adv [B]; pg_adv [B, T] the policy gradient's (--calib-adv; None: adv). old_logp's first mini-batch rows: filled
+    here by the update's own forward (the rollout policy's, tests/test_train.py). mini_batch_size: this rank's share
+    of a mini-batch, whose token and sequence counts are summed over ranks (P14), so the loss is the one a single
+    process would get. amp: around each micro-batch's forward and loss.
     Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
     stepped, False if a non-finite loss or grad norm skipped it).
     """
-    device = next(model.parameters()).device
+    device, a_t = next(model.parameters()).device, adv if pg_adv is None else pg_adv  # A_i,t of the policy gradient
     loss_mask = batch["loss_mask"]
     B = loss_mask.shape[0]
     per_mini, grad_norms, stepped = [], [], []
@@ -269,7 +271,7 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                                               with_entropy=True)
                 if m0 == 0 and old_logp[rows].isnan().all():  # left by batch_logp's start: the rollout policy's
                     old_logp[rows] = logp.detach().to(old_logp.device, old_logp.dtype)
-                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(adv), dev(loss_mask),
+                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(a_t), dev(loss_mask),
                                      entropy=entropy, entropy_coef=args.entropy_coef,
                                      policy_loss=args.policy_loss, agg=args.loss_agg,
                                      clip_eps=args.clip_eps, clip_eps_high=args.clip_eps_high,
@@ -513,11 +515,12 @@ def main(args: Args, rerun: str = ""):
                 if ref_model:
                     ref_logp = logp_pass(ref_model(), batch, args, vocab_size, world)  # [B, T]
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
+            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)  # or None
             t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
             per_mini, grad_norms, stepped = update(
                 model, optimizer, batch, old_logp, ref_logp, adv, weight, args, vocab_size,
-                args.mini_batch_size // world, amp(cache=False))  # mini-batch: this rank's share
+                args.mini_batch_size // world, amp(cache=False), pg_adv)  # mini-batch: this rank's share
             lr = optimizer.param_groups[0]["lr"]  # the lr this step used
             scheduler.step()
             # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 from grpo import POLICY_LOSSES, aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3  # noqa: E402
+import grpo  # noqa: E402
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -642,3 +643,90 @@ def test_group_ids_may_be_a_tensor_and_adv_must_be_b_or_b_t():
             grpo_loss(logp, logp, None, adv, mask)
     with pytest.raises(ValueError, match=r"ref_logp \(3, 1\) must be \[B, T\] = \(3, 4\)"):
         grpo_loss(logp, logp, torch.zeros(3, 1), torch.ones(3), mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CalibAdv (issue 49): grpo.calibadv_turn_scores, grpo.calibadv_advantages, grpo.word_edit_similarity
+
+
+def calib_mask(actions, T=10):
+    """[len(actions), T] loss masks: each row's actions as (start, end) runs of 1s, observations between them 0."""
+    mask = torch.zeros(len(actions), T)
+    for i, runs in enumerate(actions):
+        for a, b in runs:
+            mask[i, a:b] = 1.0
+    return mask
+
+
+def test_calibadv_turn_scores_by_hand():
+    # group "q": r0 and r1 well formed with F1 1.0 (the best: their passages pooled, {1..6, 11}, are the silver set);
+    # r2 F1 0.8 (>= 0.7 but not the best: its passage 99 is not silver)
+    docs = [[[1, 2, 3], [4, 5, 6]], [[1, 11, 3]], [[99, 1, 2]],
+            [[1, 7, 8], [2, 9, 10]],  # 1 new silver passage of 3, then 1 (2: new to this response) of 3
+            [[1, 2, 8], [1, 2, 9]],  # 2 of 3; then {1, 2} shared with turn 1: more than one passage -> none
+            [[7, 8, 9], [3, 4, 5]],  # no silver passage: none; then its think repeats turn 1's (similar > 0.5)
+            [[1, 2, 3]],  # not well formed: no score
+            [[1, 2, 3]]]  # group "z": no response with F1 >= 0.7, no silver set
+    thinks = [["a", "b"], ["a"], ["a"], ["find x", "find y"], ["find x", "find y"],
+              ["find the capital of France", "find the capital of France now"], ["a"], ["a"]]
+    f1 = [1.0, 1.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.5]
+    ok = [True] * 6 + [False, True]
+    ids = ["q"] * 7 + ["z"]
+    got = grpo.calibadv_turn_scores(docs, thinks, f1, ok, ids)
+    none = grpo.CALIB_NONE
+    want = [[1.0, 1.0], [1.0], [2 / 3], [1 / 3, 1 / 3], [2 / 3, none], [none, none], [], []]
+    assert [len(r) for r in got] == [len(r) for r in want]
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w)
+    # word-level edit similarity: 1 - 1 insertion / 6 words
+    assert grpo.word_edit_similarity("find the capital of France", "find the capital of France now") == \
+        pytest.approx(1 - 1 / 6)
+    assert grpo.word_edit_similarity("", "") == pytest.approx(0.0, abs=1e-12)
+
+
+def test_calibadv_advantages_by_hand():
+    # one group of 4, rewards 1, 0, 0, 0: A = 0.75 / 0.5, -0.25 / 0.5 (unbiased std 0.5); each row: search 1 on
+    # tokens 0-1, a passage on 2-3 (mask 0), search 2 on 4-5, a passage on 6-7, the answer on 8-9
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["q"] * 4)
+    mask = calib_mask([[(0, 2), (4, 6), (8, 10)]] * 4)
+    scores = [[1.0, 1.0], [2 / 3, grpo.CALIB_NONE], [], [1.0, 1 / 3]]
+    tok = grpo.calibadv_advantages(adv, mask, ["q"] * 4, scores, target_ratio=2.0)
+    a, b = adv[0].item(), adv[1].item()
+    want = torch.tensor([
+        [a, a, 0, 0, a, a, 0, 0, a / 2, a / 2],  # positive: searches unchanged; answer x -N / (P * 2) = 3b' / (2a * 2)
+        [b / 3, b / 3, 0, 0, b, b, 0, 0, b, b],  # s 2/3: b (1 - 2/3); the 1e-6 turn keeps b
+        [b, b, 0, 0, b, b, 0, 0, b, b],  # no scores: unchanged
+        [0, 0, 0, 0, 2 * b / 3, 2 * b / 3, 0, 0, b, b]])  # s 1: no penalty at all on that search
+    # the answer tokens: P = 2a, N = 6b; -N / (P * 2) = -6b / (4a) = 0.5 here (a = 1.5, b = -0.5, to float32 eps)
+    want[0, 8:] = a * (-6 * b / (2 * a * 2.0))
+    assert torch.allclose(tok, want, atol=1e-6)
+
+
+def test_calibadv_reduces_to_grpo_and_leaves_equal_groups_at_zero():
+    """No turn scored and a group whose answers balance (2 right, 2 wrong, equal answer lengths): the plain GRPO
+    advantage on every model token. A group of equal rewards stays exactly 0."""
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0]), ["g"] * 4 + ["h"] * 2)
+    mask = calib_mask([[(0, 3), (5, 8)]] * 6)
+    tok = grpo.calibadv_advantages(adv, mask, ["g"] * 4 + ["h"] * 2, [[]] * 6, target_ratio=1.0)
+    assert torch.allclose(tok, adv[:, None] * mask, atol=1e-6)
+    assert torch.count_nonzero(tok[4:]) == 0
+    with pytest.raises(ValueError, match="calibadv_advantages"):
+        grpo.calibadv_advantages(adv, mask[:5], ["g"] * 6, [[]] * 6)
+
+
+def test_calibadv_gradient_touches_what_it_should():
+    """Through grpo_loss on policy = rollout policy (ratio 1): d loss / d logp = -A_t / tokens on model tokens. A
+    negative response's search that found only silver passages (s = 1) gets no gradient; one with s = 1/3 two thirds
+    of it; observation tokens none."""
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0]), ["q", "q"])  # +-0.7071
+    mask = calib_mask([[(0, 2), (4, 6)], [(0, 2), (4, 6)]], T=6)
+    tok = grpo.calibadv_advantages(adv, mask, ["q", "q"], [[], [1.0]], target_ratio=1.0)
+    old = torch.full((2, 6), -1.0)
+    logp = old.clone().requires_grad_()
+    loss, _ = grpo.grpo_loss(logp, old, None, tok, mask, kl_coef=0.0)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert torch.count_nonzero(g[:, 2:4]) == 0  # observation tokens
+    assert torch.count_nonzero(g[1, 0:2]) == 0  # s = 1: the good search of the wrong answer is not pushed down
+    assert torch.allclose(g[1, 4:6], -tok[1, 4:6] / mask.sum(), atol=1e-7) and bool((g[1, 4:6] > 0).all())
+    tok = grpo.calibadv_advantages(adv, mask, ["q", "q"], [[], [1 / 3]], target_ratio=1.0)
+    assert torch.allclose(tok[1, 0:2], adv[1] * (2 / 3) * torch.ones(2), atol=1e-6)

@@ -1,6 +1,7 @@
 """train.py and evaluate.py end to end on the tiny model, plus the log-prob pass they share (P14, P17, P18)."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -682,3 +683,24 @@ def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files
     assert saved["ref_dtype"] == "float32"  # exact: a dtype's name, a string
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
     assert policy.reference_dtype("auto", "cpu") == "bfloat16"
+
+
+def test_calib_adv_gives_the_policy_gradient_calibadvs_token_advantages(files, monkeypatch):
+    """--calib-adv (issue 49): each step's episodes go through grpo.calibadv_episodes, whose [B, T] advantages reach
+    the policy-gradient term (LLDS keeps the response advantages); off (0, the default) it is not called."""
+    import train
+
+    seen, real = [], train.calibadv_episodes
+
+    def watch(episodes, adv, batch, tokenizer, target_ratio, f1):
+        out = real(episodes, adv, batch, tokenizer, target_ratio, f1)
+        seen.append((target_ratio, None if out is None else tuple(out.shape), tuple(batch["loss_mask"].shape)))
+        return out
+
+    monkeypatch.setattr(train, "calibadv_episodes", watch)
+    rows = train_in_process(files, files["dir"] / "calib", "--steps", "2", "--calib-adv", "1.0")
+    assert len(rows) == 2 and all(math.isfinite(m["grpo/pg_loss"]) for m in rows)
+    assert [(r, out == mask) for r, out, mask in seen] == [(1.0, True), (1.0, True)]  # exact: the flag, passed on
+    seen.clear()
+    train_in_process(files, files["dir"] / "calib_off", "--steps", "1")
+    assert seen == [(0.0, None, seen[0][2])]  # exact: the default flag, passed on
