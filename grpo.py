@@ -16,6 +16,7 @@ G = group size, T = response tokens; masks are float [B, T], 1 on tokens the pol
 USE_GSPO=true branch, for the paper's GSPO rows; eps_high > eps is DAPO's "clip-higher" (docs/departures.md, "Loss
 options"). Departures from the official code (each a bug fix or a guard; the defaults otherwise match it):
 docs/departures.md, 11-15. The metrics' official keys: docs/training.md. Run `python grpo.py` for a demo on toy tensors.
+At the end, off by default: CalibAdv's calibrated advantages (train.py --calib-adv), a published cure for the collapse.
 """
 
 import torch
