@@ -326,13 +326,29 @@ def check_out_dir(out_dir: Path, resume: str, ckpt: Path | None, step: int, over
 
 
 def prepare_out_dir(out_dir: Path, clear: bool, args: dict):
-    """Create --out-dir, delete the run files in it if `clear` (check_out_dir), and write `args` as args.json."""
+    """Create --out-dir, delete the run files in it if `clear` (check_out_dir), and write `args` as args.json. The
+    temp files of atomic_write that a killed process left (.metrics.jsonl.<pid>.tmp, its pid gone) are removed."""
+    for tmp in out_dir.glob(".*.tmp"):
+        found = re.fullmatch(r"\..+\.(\d+)\.tmp", tmp.name)
+        if found and not pid_alive(int(found[1])):
+            tmp.unlink(missing_ok=True)
     if clear:
         for f in [out_dir / "metrics.jsonl", *out_dir.glob("rollouts_step*.jsonl")]:
             f.unlink(missing_ok=True)
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "args.json", json.dumps(args, indent=2))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0: nothing is sent; a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resume_note(out_dir: Path, rerun: str = "") -> str:

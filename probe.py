@@ -274,6 +274,38 @@ def delta_probe(model, tokenizer, groups: list[dict], *, ks=(1, 2, 4), lambdas=(
     return summarize(results, len(groups), ks, lambdas)
 
 
+def read_saved_groups(path: Path) -> dict:
+    """A stopped probe's OUT.groups.json ({"args", "groups", "rng"}). Raises SystemExit with one line naming the file
+    when it is not that (damaged, not UTF-8, or another program's)."""
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+        if isinstance(saved, dict) and isinstance(saved.get("args"), dict) and isinstance(saved.get("groups"), list):
+            return saved
+    except (UnicodeDecodeError, ValueError):
+        pass
+    raise SystemExit(f"error: {path}: not a stopped probe's saved groups (damaged?): delete it to sample again")
+
+
+def read_finished(path: Path, ks, lambdas) -> list[dict]:
+    """The finished groups a stopped probe kept in OUT.partial.jsonl: its lines up to the first that is not one (a
+    line a kill cut, another program's, or not UTF-8), which and every line after it are dropped (with a note) and
+    the file rewritten with the rest."""
+    done, lines = [], path.read_bytes().split(b"\n")
+    for line in lines:
+        try:
+            r = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            break
+        if not (isinstance(r, dict) and all(isinstance(r.get(f"{k},{lam:g}"), dict) for k in ks for lam in lambdas)):
+            break
+        done.append(r)
+    if dropped := sum(bool(x.strip()) for x in lines[len(done):]):
+        print(f"{path}: {dropped} line(s) from line {len(done) + 1} on are not a finished group (cut by a kill, or "
+              f"not this probe's): those groups are probed again")
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in done))
+    return done
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a model folder, a checkpoint or a train.py run folder")
@@ -312,9 +344,11 @@ def main(argv=None):
     from rollout import rollout
 
     out = Path(a.out) if a.out else None
+    if out and out.is_dir():
+        raise SystemExit(f"error: --out {out} is a folder: name the JSON file to write (e.g. {out / 'delta.json'})")
     saved_groups, partial = (Path(f"{out}.groups.json"), Path(f"{out}.partial.jsonl")) if out else (None, None)
     keep = {k: v for k, v in vars(a).items() if k != "out"}
-    saved = json.loads(saved_groups.read_text()) if saved_groups and saved_groups.is_file() else None
+    saved = read_saved_groups(saved_groups) if saved_groups and saved_groups.is_file() else None
     if saved and saved["args"] != keep:  # a stopped probe: its groups so far (and the sampler's RNG), or all of them
         changed = sorted(k for k in keep if saved["args"].get(k) != keep[k])
         raise SystemExit(f"error: --out {out}: a stopped probe with other flags ({', '.join(changed)}) is kept "
@@ -354,14 +388,7 @@ def main(argv=None):
                 bar.update(len(episodes) // a.group_size)
         print(f"{len(rows)} questions x {a.group_size} rollouts ({time.time() - t:.0f} s this time); mean reward "
               f"{np.mean([r for g in groups for r in g['reward']]):.3f}; {sum(map(is_mixed, groups))} mixed groups")
-    done = []
-    if partial and partial.is_file():  # complete lines only: a kill may cut the last one
-        for line in partial.read_text().splitlines():
-            try:
-                done.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        atomic_write(partial, "".join(json.dumps(r) + "\n" for r in done))
+    done = read_finished(partial, a.k, a.llds) if partial and partial.is_file() else []
 
     def save(result):
         if partial:

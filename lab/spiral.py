@@ -406,7 +406,12 @@ def main(argv=None):
         ap.error(str(err))
     warm = {}
     for w, files in worlds.items():
-        if not (files["policy"] / "config.json").is_file():
+        if (files["policy"] / "config.json").is_file():  # a world built earlier: say whose warm start it holds
+            mine = files["policy"] / "model.safetensors"
+            same = w == 0 and mine.is_file() and mine.read_bytes() == (COMMITTED / "model.safetensors").read_bytes()
+            print(f"world {w}: the warm start already in {files['policy']}" + (" (the committed one)" if same else
+                  " (trained here, not the committed one; another --world builds afresh)"))
+        else:
             committed = w == 0 and not args.train_warm_start and args.world_flags.split() in ([],
                                                                                               COMMITTED_FLAGS.split())
             if committed:  # the world (0.2 s) and the committed weights: the same start on every machine

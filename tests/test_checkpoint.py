@@ -423,3 +423,21 @@ def test_ctrl_c_advice_fits_the_command_that_runs_train(files, monkeypatch, caps
     assert checkpoint.resume_note(out, "the same spiral.py command") == (
         f"Continue with the same spiral.py command: it resumes from {checkpoint.step_dir(out, 1)}.")
     assert checkpoint.resume_note(out) == f"--resume {out} continues from {checkpoint.step_dir(out, 1)}."
+
+
+def test_a_killed_writers_temp_file_is_removed_when_the_run_starts_again(tmp_path):
+    """Issue 50: a SIGKILL during atomic_write left .metrics.jsonl.<pid>.tmp, which a resume kept for ever. A run's
+    start removes the temp files whose writer is gone, and keeps a live writer's (here: this process's)."""
+    import subprocess
+
+    from checkpoint import prepare_out_dir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stray = tmp_path / f".metrics.jsonl.{int(gone.stdout)}.tmp"
+    live = tmp_path / f".metrics.jsonl.{os.getpid()}.tmp"
+    other = tmp_path / ".notes.tmp"  # not an atomic_write name: not ours to remove
+    for f in (stray, live, other):
+        f.write_text("{")
+    prepare_out_dir(tmp_path, False, {"lr": 1e-6})
+    assert not stray.exists() and live.exists() and other.exists()
+    assert (tmp_path / "args.json").is_file()

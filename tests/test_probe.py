@@ -274,3 +274,27 @@ def test_a_probe_stopped_while_sampling_resumes_its_sampling(tmp_path, monkeypat
     assert [g["reward"] for g in whole] == [g["reward"] for g in resumed]  # exact: 0/1 rewards of the same ids
     a, b = (json.loads((tmp_path / n).read_text())["rows"][0] for n in ("whole.json", "stopped.json"))
     assert a["mixed"] == b["mixed"] and (a["frac_neg"] is None) == (b["frac_neg"] is None)
+
+
+def test_damaged_saved_files_and_a_folder_as_out_are_one_line(tmp_path, capsys):
+    """Issue 50: a damaged OUT.groups.json and an --out that names a folder gave a traceback (the folder only after
+    the work); a foreign or non-UTF-8 line in OUT.partial.jsonl did too. Now: one line before any work, and the
+    finished groups up to the first line that is not one are kept."""
+    import probe
+
+    base = ["--model", str(tmp_path / "no-model"), "--train-data", "q.jsonl", "--corpus", "c.jsonl"]
+    with pytest.raises(SystemExit, match="is a folder: name the JSON file to write"):
+        probe.main([*base, "--out", str(tmp_path)])
+    out = tmp_path / "delta.json"
+    for text in ('{"args": ', "[1, 2]", "\xff\xfe"):
+        Path(f"{out}.groups.json").write_bytes(text.encode("latin-1"))
+        with pytest.raises(SystemExit, match=r"delta.json.groups.json: not a stopped probe's saved groups"):
+            probe.main([*base, "--out", str(out)])
+    cell = {"correct": -0.5, "incorrect": -1.0}
+    good = {"1,0": cell, "1,0.2": cell}
+    partial = tmp_path / "p.partial.jsonl"
+    partial.write_bytes(b"".join([json.dumps(good).encode() + b"\n"] * 2 + [b'{"other": 1}\n', b"\xff\xfe\n",
+                                                                            json.dumps(good).encode() + b"\n"]))
+    done = probe.read_finished(partial, [1], [0.0, 0.2])
+    assert done == [good, good] and partial.read_text().count("\n") == 2  # exact: JSON read back
+    assert "3 line(s) from line 3 on are not a finished group" in capsys.readouterr().out

@@ -656,9 +656,16 @@ def test_the_skipped_old_pass_gives_the_same_run(files, monkeypatch):
     for mini in ("4", "8"):  # 8 trajectories a step: 2 mini-batches, then 1
         flags = ["--steps", "2", "--seed", "5", "--mini-batch-size", mini, "--probe-questions", "0"]
         skipped = train_in_process(files, files["dir"] / f"skip{mini}", *flags)
-        monkeypatch.setattr(train, "batch_logp", lambda *a, start=0, **kw: real(*a, **kw))  # every row, as before
+        starts = []
+
+        def every_row(model, batch, micro, temperature, vocab, start=0, mini_batch=None):  # as logp_pass calls it
+            starts.append(start)
+            return real(model, batch, micro, temperature, vocab, 0, mini_batch)  # every row, as before
+
+        monkeypatch.setattr(train, "batch_logp", every_row)
         full = train_in_process(files, files["dir"] / f"pass{mini}", *flags)
         monkeypatch.setattr(train, "batch_logp", real)
+        assert any(s > 0 for s in starts), starts  # the skip was asked for, and overridden (it once was not: a78f5bb)
         for a, b in zip(skipped, full, strict=True):
             keys = [k for k in a if not k.startswith("perf/")]
             assert keys == [k for k in b if not k.startswith("perf/")]
