@@ -59,9 +59,9 @@ def fmt(x, spec=".3f") -> str:
 
 
 def rows_table(runs: list[Path]) -> str:
-    head = ("| run | lr | lambda | entropy | seed | steps | reward 1-5 / 26-30 | verdict (step) | steps without a "
-            "mixed group | driven by | probe onset correct / incorrect (lead) | spiral step | probe change at the end, "
-            "correct / incorrect | entropy end | searches end | KL end | CPU h |")
+    head = ("| run | lr | lambda | entropy | seed | steps | reward, first / last 5 steps | verdict (step) | "
+            "steps without a mixed group | driven by | probe onset correct / incorrect (lead) | spiral step | "
+            "probe change at the end, correct / incorrect | entropy end | searches end | KL end | CPU h |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for run in runs:
         r = run_row(run)
