@@ -25,18 +25,19 @@ import os
 import random
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from checkpoint import STEP_RE, atomic_write, enclosing_checkpoint, folder_problem
-from data import load_questions, passage_title
-from engine import GENERATORS
-from paper import PAPER, paper_row, recipe_row
-from policy import busy_cpu_note, load_policy
 from retriever import BM25_VARIANTS, make_retriever
-from rollout import check_obs_budget, em_check, f1_score, normalize_answer, rollout
+from rollout import STOP_STRINGS, check_obs_budget, em_check, f1_score, normalize_answer, rollout
+from machinery.checkpoint import STEP_RE, atomic_write, enclosing_checkpoint, folder_problem
+from machinery.data import load_questions, passage_title
+from machinery.engine import GENERATORS
+from machinery.paper import PAPER, paper_row, recipe_row
+from machinery.policy import busy_cpu_note, load_policy
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
@@ -157,6 +158,8 @@ def table_lines(table: dict, topk: int = 3) -> list[str]:
         group = GEN if src == "Gen-Avg" else MH if src == "MH-Avg" else ()
         missing = [c for c in group if c not in t["sources"]]
         note = f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})" if missing else ""
+        if src == "average" and len(table) > 2:  # the paper's Avg: each source weighs the same, not each question
+            note = f"  (the mean of the {len(table) - 1 - ('Gen-Avg' in table) - ('MH-Avg' in table)} sources)"
         lines.append(f"{src:<14}{t['n']:>6}" + "".join(f"{_fmt(t.get(m)):>{w}}" for m, w in
                      (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10), ("recall", 10))) + note)
     return lines
@@ -261,7 +264,8 @@ def writing_to(partial: Path) -> Path:
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
     """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
     written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
-    generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens, do_sample=False,
+    generate = GENERATORS[args.generator](model, tokenizer, stop_strings=STOP_STRINGS, do_sample=False,
+                                          max_new_tokens=args.max_new_tokens,
                                           batch_size=args.batch_size)
     for i in range(0, len(rows), args.batch_size):
         batch = rows[i:i + args.batch_size]
@@ -282,6 +286,29 @@ def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, record
 
 
 def main(argv=None):
+    """Score --model on the questions (module docstring): one greedy rollout each, the table, the paper's rows beside
+    it with --compare-paper, then the JSON and the records at --out, each written whole."""
+    args = parse_args(argv)
+    run = load_evaluation(args)
+    t0, records = time.time(), []
+    bar = tqdm(total=len(run.rows), desc="evaluating", unit="q", dynamic_ncols=True)
+    try:
+        evaluate_rows(run.rows, args, run.model, run.tokenizer, run.retriever, records, run.records_out, bar)
+    except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
+        bar.close()  # the line below starts a line of its own
+        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {run.writing}") from None
+    bar.close()
+    run.records_out.close()
+    table = score_table(records)
+    print("\n" + "\n".join(table_lines(table, args.topk)))
+    print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, {time.time() - t0:.0f}s)")
+    if args.compare_paper is not None:
+        print_paper_rows(table, args)
+    save_evaluation(table, records, args, run)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """evaluate.py's flags; a bad value exits with one line naming the flag and the valid range."""
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         def _get_help_string(self, action):  # the docstring's layout, and every default there is (not "None", "")
             unset = action.required or action.default in (None, "", [])
@@ -311,7 +338,7 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
     ap.add_argument("--generator", default="cb", choices=tuple(GENERATORS),
                     help="decoding: cb (continuous batching, KV kept across turns) | hf (HF generate, re-prefill every "
-                    "turn) | hf-kv (HF generate, KV kept across turns); engine.py; greedy ids are the same")
+                    "turn) | hf-kv (HF generate, KV kept across turns); machinery/engine.py; greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json, RUN/eval_step_N.json for a "
@@ -329,14 +356,33 @@ def main(argv=None):
         ap.error(f"--dtype must be auto, float32 or bfloat16, got {args.dtype!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device; use --device cpu")
+    return args
+
+
+@dataclass
+class Evaluation:
+    """What an evaluation starts from, all checked before the first question (load_evaluation)."""
+    rows: list  # the questions
+    retriever: object
+    model: torch.nn.Module
+    tokenizer: object
+    out: Path  # the scores' JSON
+    records_file: Path  # the records, one JSON line per question
+    partial: Path  # the records while they are written
+    writing: Path  # where they go now: partial, or beside a stopped evaluation's
+    records_out: object  # the open file at `writing`
+
+
+def load_evaluation(args) -> Evaluation:
+    """The questions, the retriever, the policy and the output files, each checked before anything is scored: bad
+    input exits with one line naming the file, line, field or flag."""
     out = Path(args.out) if args.out else default_out(args.model)
     records_file = out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
     partial = records_file.with_name(records_file.name + ".partial")  # the records while they are produced
     if problem := output_problem(out, records_file, partial, args):  # before anything is read or written
         raise SystemExit(f"error: {problem}")
     writing = writing_to(partial)  # partial, unless a stopped evaluation's records are there: then beside them
-
-    try:  # bad input: one clear line naming the file/line/field
+    try:
         if not args.data and not args.benchmarks:
             raise ValueError("give question files with --data and/or --benchmarks (e.g. --benchmarks all)")
         sets = [load_questions(d, args.split) for d in args.data]
@@ -356,41 +402,35 @@ def main(argv=None):
             raise ValueError(f"--out {out}: cannot write there ({why})") from None
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
+    return Evaluation(rows, retriever, model, tokenizer, out, records_file, partial, writing, records_out)
 
-    t0, records, bar = time.time(), [], tqdm(total=len(rows), desc="evaluating", unit="q", dynamic_ncols=True)
+
+def print_paper_rows(table: dict, args):
+    """--compare-paper: the paper's rows whose label contains its value beside ours; without one, the row this
+    checkpoint's run reproduces (its args.json), else all rows."""
+    which = args.compare_paper
+    if not which:  # the row this checkpoint's run reproduces, from its args.json
+        row, file = recipe_row(args.model)
+        if row:
+            print(f"\npaper row of {file}: {row}")
+        else:
+            print(f"\n{file or args.model}: no recipe row matches; all rows")
+        which = row or ""
+    print("\n" + "\n".join(compare_lines(table, which)))
+
+
+def save_evaluation(table: dict, records: list, args, run: Evaluation):
+    """The JSON, then the records: an earlier evaluation's files are replaced only now, each by one rename."""
     try:
-        evaluate_rows(rows, args, model, tokenizer, retriever, records, records_out, bar)
-    except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
-        bar.close()  # the line below starts a line of its own
-        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {writing}") from None
-    bar.close()
-    records_out.close()
-
-    table = score_table(records)
-    print("\n" + "\n".join(table_lines(table, args.topk)))
-    print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, {time.time() - t0:.0f}s)")
-    if args.compare_paper is not None:
-        which = args.compare_paper
-        if not which:  # the row this checkpoint's run reproduces, from its args.json
-            row, file = recipe_row(args.model)
-            if row:
-                print(f"\npaper row of {file}: {row}")
-            else:
-                print(f"\n{file or args.model}: no recipe row matches; all rows")
-            which = row or ""
-        print("\n" + "\n".join(compare_lines(table, which)))
-
-    try:  # the JSON, then the records: an earlier evaluation's files are replaced only now, each by one rename
-        atomic_write(out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
-                                      "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
-                                      "scores": table, "records": records}, indent=1))  # never half a JSON file
-        os.replace(writing, records_file)
-        partial.unlink(missing_ok=True)  # a stopped evaluation's records, kept until now
+        atomic_write(run.out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
+                                          "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
+                                          "scores": table, "records": records}, indent=1))  # never half a file
+        os.replace(run.writing, run.records_file)
+        run.partial.unlink(missing_ok=True)  # a stopped evaluation's records, kept until now
     except OSError as err:
-        raise SystemExit(f"error: cannot write {out} and {records_file} ({err.strerror or err}); the records are in "
-                         f"{writing}") from None
-    print(f"wrote {out} (records also in {records_file})")
-
+        raise SystemExit(f"error: cannot write {run.out} and {run.records_file} ({err.strerror or err}); the "
+                         f"records are in {run.writing}") from None
+    print(f"wrote {run.out} (records also in {run.records_file})")
 
 if __name__ == "__main__":
     main()

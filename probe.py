@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import atomic_write
 from grpo import group_advantages, grpo_loss
 from llds import action_segments, llds_loss
-from policy import batch_logp, collate, response_logp
+from machinery.checkpoint import atomic_write
+from machinery.policy import batch_logp, collate, response_logp
 
 SAMPLE_CHUNK = 16  # questions per rollout call when sampling the Delta(x) probe's groups: a tick of its progress bar
 SETS = ("correct", "incorrect")
@@ -90,41 +90,33 @@ class FixedProbe:
         self.batch = _batch(frozen, pad_id) if frozen else None
 
     @classmethod
-    def start_run(cls, args, model, tokenizer, rows, retriever, device: str, rank: int, world: int, resumed: bool,
-                  warn=print):
-        """The probe of a train.py run: read back from OUT_DIR/probe_rank{rank}.json when resuming, else sampled now
-        by the starting policy (`model`, not yet sharded): n = min(--probe-questions, questions) // world x world
-        training questions, the same for every run of these questions (a fixed choice and a random stream of their
-        own: training's samples and metrics are unchanged by the probe), rank r taking every world-th; then their
-        log-likelihood at step 0 (the `start` of probe/delta_*), written with them. Off (--probe-questions 0, or a
-        resumed run without a probe file: warned) -> a probe that logs nothing. The passes run under the run's
-        autocast (with --fsdp on a GPU, FSDP's bf16 compute; the step-0 pass, before sharding, under bf16 autocast)."""
-        from engine import GENERATORS
-        from policy import autocast
+    def start_run(cls, model, tokenizer, rows: list[dict], generate, search, *, path: Path, questions: int,
+                  every: int, micro: int, temperature: float, amp, amp0, rank: int = 0, world: int = 1,
+                  resumed: bool = False, warn=print, **sample):
+        """The probe of a train.py run: read back from `path` (OUT_DIR/probe_rank{rank}.json) when resuming, else
+        sampled now by `generate` (rollout's seam, over the starting policy `model`, not yet sharded) and `search`:
+        n = min(questions, len(rows)) // world x world training questions, the same for every run of these questions
+        (a fixed choice and a random stream of their own: training's samples and metrics are unchanged by the probe),
+        rank r taking every world-th, each sampled as rollout(**sample) says (group_size, max_turns, max_obs_tokens,
+        topk); then their log-likelihood at step 0 (the `start` of probe/delta_*) under `amp0`, written with them.
+        Every `every` steps after, scored in micro-batches of `micro` rows at `temperature` under `amp` (the run's
+        policy.autocast functions). Off (questions 0, or a resumed run without a probe file: warned) -> a probe that
+        logs nothing."""
         from rollout import rollout
 
-        path, vocab = Path(args.out_dir) / f"probe_rank{rank}.json", len(tokenizer)
-        n = min(args.probe_questions, len(rows)) // world * world
-        amp = autocast(args.amp, device, args.dtype, args.fsdp)
+        vocab, n = len(tokenizer), min(questions, len(rows)) // world * world
         if resumed or not n:
             if n and not path.is_file():
                 warn(f"no {path.name} in the resumed run: probe/* not logged (it must be sampled at step 0)")
             saved = json.loads(path.read_text()) if n and path.is_file() else {"frozen": None, "start": {}}
-            return cls(model, amp, saved["frozen"], saved["start"], args.probe_every, tokenizer.pad_token_id,
-                       args.micro_batch_size, args.temperature, vocab)
+            return cls(model, amp, saved["frozen"], saved["start"], every, tokenizer.pad_token_id, micro,
+                       temperature, vocab)
         chosen = np.random.default_rng(0).choice(len(rows), n, replace=False).tolist()[rank::world]
-        generate = GENERATORS[args.generator](model, tokenizer, max_new_tokens=args.max_new_tokens,
-                                              temperature=args.temperature, top_p=args.top_p,
-                                              batch_size=min(int(args.gen_batch_size), len(chosen) * args.group_size))
-        devices = [torch.device(device)] if device.startswith("cuda") else []
-        amp0 = autocast("bf16" if args.fsdp and device.startswith("cuda") else args.amp, device, args.dtype)
-        with torch.random.fork_rng(devices=devices), amp0():
+        device = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), amp0():
             torch.manual_seed(1_000_003 + rank)
-            episodes = rollout(generate, tokenizer, [rows[i] for i in chosen], retriever.search,
-                               group_size=args.group_size, max_turns=args.max_turns,
-                               max_obs_tokens=args.max_obs_tokens, topk=args.topk)
-        probe = cls(model, amp, _frozen(episodes), {}, args.probe_every, tokenizer.pad_token_id,
-                    args.micro_batch_size, args.temperature, vocab)
+            episodes = rollout(generate, tokenizer, [rows[i] for i in chosen], search, **sample)
+        probe = cls(model, amp, _frozen(episodes), {}, every, tokenizer.pad_token_id, micro, temperature, vocab)
         with amp0():
             probe.start = probe.measure()
         atomic_write(path, json.dumps({"frozen": probe.frozen, "start": probe.start}))
@@ -132,7 +124,7 @@ class FixedProbe:
 
     def measure(self) -> dict:
         """probe_stats of the frozen responses under the model now (no grad), every rank's rows gathered."""
-        from fsdp import gather_rows
+        from machinery.fsdp import gather_rows
 
         batch, reward = self.batch
         logp = batch_logp(self.model, batch, self.micro, self.temperature, self.vocab_size)  # [B, T]
@@ -337,11 +329,11 @@ def main(argv=None):
             ap.error(f"{flag} must be >= 1 (--max-turns >= 0), got {v}")
     if a.lr <= 0 or any(lam < 0 for lam in a.llds) or a.group_size < 2:
         ap.error("--lr must be > 0, every --llds >= 0 and --group-size >= 2 (a group needs two answers to be mixed)")
-    from data import load_questions
-    from engine import GENERATORS
-    from policy import autocast, load_policy
+    from machinery.data import load_questions
+    from machinery.engine import GENERATORS
+    from machinery.policy import autocast, load_policy
     from retriever import make_retriever
-    from rollout import rollout
+    from rollout import STOP_STRINGS, rollout
 
     out = Path(a.out) if a.out else None
     if out and out.is_dir():
@@ -373,7 +365,8 @@ def main(argv=None):
     if len(groups) < len(rows):  # sampled SAMPLE_CHUNK questions at a time, each chunk saved: a kill loses one
         from tqdm import tqdm
 
-        generate = GENERATORS["cb"](model, tokenizer, max_new_tokens=a.max_new_tokens, batch_size=64)
+        generate = GENERATORS["cb"](model, tokenizer, stop_strings=STOP_STRINGS, max_new_tokens=a.max_new_tokens,
+                                    batch_size=64)
         t = time.time()
         with tqdm(total=len(rows), initial=len(groups), desc="sampling", unit="question") as bar:
             for i in range(len(groups), len(rows), SAMPLE_CHUNK):

@@ -40,8 +40,8 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
-from bm25 import ANALYZERS, BM25_VARIANTS, DEFAULT_ANALYZER, INDEX_VERSION, SparseBM25, top_k
-from data import DEMO_CORPUS, load_corpus
+from machinery.bm25 import ANALYZERS, BM25_VARIANTS, DEFAULT_ANALYZER, INDEX_VERSION, SparseBM25, top_k
+from machinery.data import DEMO_CORPUS, load_corpus
 
 SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes

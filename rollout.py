@@ -307,7 +307,8 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
     generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) -> [N] lists of new
     ids, the turn up to its first EOS or stop string, possibly followed by more (padding, overshoot: `cut_turn` drops
     it), with an `eos_ids` attribute (the ids that end a turn) and an optional `reset()`, called when the rollout ends:
-    engine.cb_generator(model, tokenizer, ...) (the default), engine.hf_generator, engine.kv_generator, or any function.
+    machinery.engine.cb_generator(model, tokenizer, stop_strings=STOP_STRINGS, ...) (the default), its hf_generator
+    and kv_generator, or any function.
     search: a callable (queries: list[str], topk: int) -> one list of hits per query, as retriever.BM25Retriever.search
     and RemoteRetriever.search give them ([{"document": {"id", "contents"}, "score"}, ...]); the model sees
     `format_passages` of them, the Episode keeps them (Episode.retrieved).
@@ -391,7 +392,7 @@ def rollout_metrics(stats: torch.Tensor, loss_mask: torch.Tensor, group_size: in
 # ----------------------------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    from data import DEMO_CORPUS
+    from machinery.data import DEMO_CORPUS
 
     print(normalize_answer("The  Eiffel-Tower!"))  # eiffeltower  (ASCII punctuation is deleted, not spaced)
     print(em_check("the Eiffel Tower", ["Eiffel Tower", "La tour Eiffel"]))  # 1.0

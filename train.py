@@ -2,7 +2,8 @@
 loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save, as the official LLDS code (a veRL 0.1 fork of
 Search-R1, dp_actor.py) runs it. Each step's trajectories feed several optimizer mini-batches: from the second on, the
 policy is no longer the one that sampled, which is where LLDS acts (with one update per batch the Delta of v2 Sec.
-5.5 is ~0; the authors' script makes 512 x 5 / 256 = 10 updates per rollout batch). fsdp.py runs it on N ranks.
+5.5 is ~0; the authors' script makes 512 x 5 / 256 = 10 updates per rollout batch). Below: Args, `main` (the loop),
+`update` (Eq. 6), then what a run starts from and the command line; the bookkeeping is machinery/run.py's.
 
     python train.py --model Qwen/Qwen2.5-3B --llds 0.2                # the paper's setting (a big GPU, the hub)
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16       # one smaller GPU
@@ -11,44 +12,40 @@ policy is no longer the one that sampled, which is where LLDS acts (with one upd
 --out-dir gets metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ (--resume <out-dir> continues it); see --help.
 """
 
-import argparse
 import contextlib
 import dataclasses
-import inspect
-import json
 import math
-import re
 import shutil
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
-import checkpoint
-from checkpoint import restore, save_checkpoint
-from data import load_questions, missing_input, next_prompts
-from engine import GENERATORS, diverged_sampling
-from fsdp import all_finite, all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
 from grpo import REDUCE as GRPO_REDUCE, calibadv_episodes
 from llds import GATES, MA_SCHEDULES, NORMS, lld_alarm, llds_loss, ma_weight
-from llds import likelihood_diagnostics, official_metrics
-from llds import REDUCE as LLDS_REDUCE
-from memory import free_memory, memory_plan
+from llds import REDUCE as LLDS_REDUCE, likelihood_diagnostics, official_metrics
 from probe import FixedProbe
-from policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt, load_policy,
-                    load_reference, reference_dtype, response_logp, save_reference)
 from retriever import BM25_VARIANTS, make_retriever
-from tracking import TRACKERS, missing_tracker, numbers, tracker
-from rollout import check_obs_budget, episode_stats, longest_prompt, rollout, rollout_metrics
-from rollout import f1_score
+from rollout import STOP_STRINGS, check_obs_budget, episode_stats, f1_score, longest_prompt
+from rollout import rollout, rollout_metrics
+from machinery import checkpoint
+from machinery.checkpoint import restore, save_checkpoint
+from machinery.data import load_questions, missing_input, next_prompts
+from machinery.engine import GENERATORS, diverged_sampling
+from machinery.fsdp import all_reduce, full_weights, gather_rows, print0, setup_dist, shard
+from machinery.memory import free_memory, memory_plan
+from machinery.policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt,
+                              load_policy, load_reference, reference_dtype, response_logp,
+                              save_reference)
+from machinery.run import (Run, add_metrics, check_health, clock, log_step, make_optimizer,
+                           mean_metrics, parse_dataclass, perf)
+from machinery.tracking import TRACKERS, missing_tracker, numbers, tracker
 
 @dataclass
 class Args:
@@ -74,7 +71,7 @@ class Args:
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
     gen_batch_size: str = "auto"  # rows per generate call: a count, or auto: as many as the free memory holds
-    generator: str = "cb"  # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (engine.py)
+    generator: str = "cb"  # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (machinery/engine.py)
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
@@ -100,7 +97,7 @@ class Args:
     micro_batch_size: int = None  # trajectories per forward/backward (P14); unset: the memory plan picks 8, 4, 2 or 1
     max_bad_steps: int = 5  # stop after this many consecutive non-finite (skipped) optimizer steps
     # --- memory and ranks
-    fsdp: bool = False  # shard the policy and reference over the torchrun ranks (fsdp.py)
+    fsdp: bool = False  # shard the policy and reference over the torchrun ranks (machinery/fsdp.py)
     grad_ckpt: bool = None  # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
     ref_dtype: str = "auto"  # reference weights: auto (bfloat16 on a GPU or a CPU with bf16 units) | bfloat16 | float32
     ref_offload: bool = False  # reference on disk (OUT_DIR/.ref), loaded for its pass only
@@ -118,140 +115,112 @@ class Args:
     overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
 
 
-NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef",
-                "llds", "llds_ma_weight", "probe_questions", "calib_adv")
-COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
-          "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
-          "save_every", "keep_checkpoints", "probe_every")
-RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
-    **dict.fromkeys(NON_NEGATIVE, (lambda v: v >= 0, ">= 0")),
-    **dict.fromkeys(COUNTS, (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
-    **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
-    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "clip_eps_high": (lambda v: v > 0, "> 0"),
-    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "gen_batch_size": (lambda v: v == "auto" or (v.isdecimal() and int(v) >= 1),
-                       "an integer >= 1 or auto"),
-    "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
-}
-CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
-    "policy_loss": tuple(POLICY_LOSSES),
-    "kl_type": tuple(KL_ESTIMATORS),
-    "loss_agg": tuple(AGGREGATIONS),
-    "llds_gate": tuple(GATES),
-    "llds_norm": tuple(NORMS),
-    "llds_ma": ("off", *MA_SCHEDULES),
-    "bm25": BM25_VARIANTS,
-    "ref_dtype": ("auto", "bfloat16", "float32"),
-    "amp": ("auto", "bf16", "off"),
-    "dtype": ("auto", "float32", "bfloat16"),
-    "generator": tuple(GENERATORS),
-    "report_to": ("off", *TRACKERS),
-}
 
-
-def parse_args(argv=None) -> Args:
-    """argparse over the Args fields: --field-name VALUE for each, help from the field's comment, grouped by the
-    `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.print_usage = lambda file=None: None  # a bad value is one line (its error), not 40 lines of usage first
-    group, groups, docs = None, {}, {}
-    for line in inspect.getsource(Args).splitlines():
-        if m := re.fullmatch(r"    # --- (.+)", line):
-            group = ap.add_argument_group(m[1])
-        elif m := re.fullmatch(r"    (\w+): .*?  # (.+)", line):
-            groups[m[1]], docs[m[1]] = group, m[2]
-    for f in dataclasses.fields(Args):
-        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}  # str, int or float
-        default = "unset" if f.default in (None, "") else f.default
-        groups[f.name].add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
-                                    help=f"{docs[f.name]} (default: {default})")
-    args = Args(**vars(ap.parse_args(argv)))
-    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high  # unset: symmetric
-    for name, ok in CHOICES.items():
-        if getattr(args, name) not in ok:
-            ap.error(f"--{name.replace('_', '-')} must be one of {ok}, got {getattr(args, name)!r}")
-    for name, (ok, valid) in RANGES.items():  # every number is checked here, not at step 1 deep inside a library
-        value = getattr(args, name)
-        if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
-            ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
-    if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
-        ap.error(f"--report-to {args.report_to}: {problem}")
-    per_step = args.prompts_per_step * args.group_size  # trajectories a step
-    if args.llds > 0 and per_step <= args.mini_batch_size:  # the LLDS arm of a comparison would equal plain GRPO
-        print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert "
-              f"(its Delta is 0 at an on-policy update); give --mini-batch-size < {per_step} "
-              "(the trajectories a step) for several updates a step (the paper: 10)",
-              file=sys.stderr)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this torch sees no CUDA device "
-                 "(torch.cuda.is_available() is False); "
-                 "use --device cpu, or install a CUDA build of torch")
-    return args
-
-
-REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values combine: "sum", "max" or ("mean", weight)
-
-
-def add_metrics(acc: dict, metrics: dict):
-    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as REDUCE says: "sum" adds, "max" keeps the
-    largest, ("mean", w) adds value * metrics[w] (a weighted sum; `mean_metrics` divides by the summed weight). Raises
-    KeyError for a metric REDUCE does not list."""
-    for k, v in metrics.items():
-        if k not in REDUCE:
-            raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE "
-                           "('sum', 'max' or ('mean', weight key))")
-        how = REDUCE[k]
-        if isinstance(how, tuple) and how[1] not in metrics:
-            raise KeyError(f"metric {k!r} is a mean weighted by {how[1]!r}, "
-                           "which the same metrics lack: return both")
-        if how == "max":
-            acc[k] = max(acc.get(k, v), v)
-        else:
-            acc[k] = acc.get(k, 0.0) + (v if how == "sum" else v * metrics[how[1]])
-
-
-def mean_metrics(acc: dict) -> dict:
-    """The mini-batch's metrics from add_metrics' sums (after they are summed over ranks): each ("mean", w) metric
-    divided by its summed weight w (0.0 where w is 0: nothing to average), so it is the exact mean over the
-    mini-batch's units however the mini-batch was split into micro-batches."""
-    out = dict(acc)
-    for k, how in REDUCE.items():
-        if k in acc and isinstance(how, tuple):
-            out[k] = acc[k] / acc[how[1]] if acc[how[1]] else 0.0
-    return out
-
-
-def llds_ma_weight(episodes, answer_mask: torch.Tensor,
-                   args: Args) -> tuple[torch.Tensor | None, dict]:
-    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of Episode.num_valid_searches over
-    every rank's trajectories (dp_actor.py:275-277); (None, {}) with --llds-ma off."""
-    if args.llds_ma == "off":
-        return None, {}
-    n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
-    return ma_weight(total / n, answer_mask, args.llds_ma,
-                     lam=args.llds, mask_weight=args.llds_ma_weight)
+def main(args: Args, rerun: str = ""):
+    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not
+    --resume OUT_DIR."""
+    split = {"--prompts-per-step": args.prompts_per_step, "--mini-batch-size": args.mini_batch_size}
+    rank, world, device = setup_dist(args.fsdp, args.device, args.seed, split)
+    run = load_run(args, rank, world, device)
+    tokenizer, device, out_dir = run.tokenizer, run.device, Path(args.out_dir)
+    vocab_size = len(tokenizer)
+    model = enable_grad_ckpt(run.model) if args.grad_ckpt else run.model
+    model = shard(model) if args.fsdp else model
+    optimizer, scheduler = make_optimizer(model, args)
+    history, order, start, bad = [], [], 1, 0  # order: this epoch's questions to come; bad: skipped optimizer steps
+    if run.state:
+        restore(model, optimizer, scheduler, run.state)
+        history, order, bad = run.state["history"], run.state["order"], run.state["bad"]
+        start = run.state["step"] + 1
+        done = f"; nothing to do: --steps {args.steps}" if start > args.steps else ""
+        print0(f"resumed {run.ckpt} at step {start - 1}{done}")
+    amp = autocast(args.amp, device, args.dtype, args.fsdp)
+    generate = GENERATORS[args.generator](  # sampling
+        model, tokenizer, stop_strings=STOP_STRINGS, batch_size=args.gen_batch_size,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
+    with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
+          checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
+        steps = range(start, args.steps + 1)
+        for step in tqdm(steps, desc="steps", dynamic_ncols=True, disable=rank != 0):
+            t0 = clock(device)
+            seed = args.seed + step - 1
+            prompts, order = next_prompts(run.rows, order, args.prompts_per_step, seed)
+            prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
+            # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
+            with full_weights(model), amp(), diverged_sampling(step):
+                episodes = rollout(generate, tokenizer, prompts, run.retriever.search,
+                                   group_size=args.group_size, max_turns=args.max_turns,
+                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk)
+            t_rollout = clock(device)
+            # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
+            rewards = torch.tensor([e.reward for e in episodes])
+            adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
+            # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
+            batch = collate(episodes, tokenizer.pad_token_id)
+            with amp():
+                later_old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)  # [B - b, T]
+                ref_logp = logp_pass(run.ref(), batch, args, vocab_size, world) if run.ref else None  # [B, T]
+            weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
+            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)  # or None
+            t_update = clock(device)
+            # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
+            per_mini, grad_norms, stepped, old_logp = update(
+                model, optimizer, batch, later_old_logp, ref_logp, adv, weight, args, vocab_size,
+                args.mini_batch_size // world, amp(cache=False), pg_adv)  # mini-batch: this rank's share
+            lr = optimizer.param_groups[0]["lr"]  # the lr this step used
+            scheduler.step()
+            # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm
+            with amp():
+                new_logp = logp_pass(model, batch, args, vocab_size, world)
+            diagnostics = step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
+                                       grad_norms, stepped, lr, args)
+            metrics = {"step": step, **diagnostics, **ma_metrics, **run.probe(step)}
+            alarm_before = history[-1]["alarm/phase"] if history else ""
+            history.append(metrics)
+            metrics.update(perf(t0, t_rollout, t_update, clock(device)))
+            correct = [h.get("diag/delta_correct") for h in history]
+            metrics["alarm/phase"] = lld_alarm(correct, [h["grpo/grad_norm"] for h in history],
+                                               k=args.alarm_k)
+            # 6. log and save
+            log_step(step, metrics, history, episodes, adv, args, rank, alarm_before)
+            report(numbers(metrics), step)
+            bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args, rerun)
+            stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
+            if step % args.save_every == 0 or step == args.steps or stopping:
+                saved_state = {"order": order, "bad": bad, "history": history,
+                               "scheduler": scheduler.state_dict()}
+                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, saved_state,
+                                        args.keep_checkpoints)
+                if saved:  # None on the ranks other than 0
+                    print0(f"saved {saved}")
+            if stopping:
+                print0(f"stopped after step {step}. {checkpoint.resume_note(out_dir, rerun)}")
+                raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
+    if rank == 0:
+        shutil.rmtree(out_dir / ".ref", ignore_errors=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int,
            mini_batch_size: int, amp=contextlib.nullcontext(), pg_adv=None):
     """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
 
-    batch: collate() of this rank's B trajectories; old_logp, ref_logp (or None), weight (LLDS-MA, or None) [B, T];
-    adv [B]; pg_adv [B, T] the policy gradient's (--calib-adv; None: adv). old_logp's first mini-batch rows: filled
-    here by the update's own forward (the rollout policy's, tests/test_train.py). mini_batch_size: this rank's share
-    of a mini-batch, whose token and sequence counts are summed over ranks (P14), so the loss is the one a single
-    process would get. amp: around each micro-batch's forward and loss.
+    batch: collate() of this rank's B trajectories; ref_logp (or None), weight (LLDS-MA, or None) [B, T]; adv [B];
+    pg_adv [B, T] the policy gradient's (--calib-adv; None: adv). old_logp: the sampling policy's log-probs, [B, T],
+    or [B - b, T] without the first mini-batch's b rows, which are then the update's own first forward, detached:
+    taken before any optimizer step, it is the sampling policy's (the same floats: tests/test_train.py).
+    mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks (P14),
+    so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
     Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
-    stepped, False if a non-finite loss or grad norm skipped it).
+    stepped, False if a non-finite loss or grad norm skipped it; old_logp [B, T], every row).
     """
     device, a_t = next(model.parameters()).device, adv if pg_adv is None else pg_adv  # A_i,t of the policy gradient
     loss_mask = batch["loss_mask"]
     B = loss_mask.shape[0]
-    per_mini, grad_norms, stepped = [], [], []
+    own = B - old_logp.shape[0]  # rows of the first mini-batch whose old log-probs come from its own forward
+    per_mini, grad_norms, stepped, first_old = [], [], [], []
     for m0 in range(0, B, mini_batch_size):
         mini = slice(m0, min(m0 + mini_batch_size, B))
         pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)  # [b] Y_pre responses with a model token
@@ -269,15 +238,18 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
             with amp:
                 logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size,
                                               with_entropy=True)
-                if m0 == 0 and old_logp[rows].isnan().all():  # left by batch_logp's start: the rollout policy's
-                    old_logp[rows] = logp.detach().to(old_logp.device, old_logp.dtype)
-                pg, m_pg = grpo_loss(logp, dev(old_logp), dev(ref_logp), dev(a_t), dev(loss_mask),
+                if rows.start < own:  # the first mini-batch, before any optimizer step: the rollout policy's
+                    first_old.append(logp.detach())
+                    old = first_old[-1]
+                else:
+                    old = old_logp[rows.start - own:rows.stop - own].to(device)
+                pg, m_pg = grpo_loss(logp, old, dev(ref_logp), dev(a_t), dev(loss_mask),
                                      entropy=entropy, entropy_coef=args.entropy_coef,
                                      policy_loss=args.policy_loss, agg=args.loss_agg,
                                      clip_eps=args.clip_eps, clip_eps_high=args.clip_eps_high,
                                      kl_coef=args.kl_coef, kl_type=args.kl_type,
                                      num_tokens=num_tokens, num_seqs=int(num_seqs))
-                reg, m_llds = llds_loss(logp, dev(old_logp), dev(adv), dev(loss_mask),
+                reg, m_llds = llds_loss(logp, old, dev(adv), dev(loss_mask),
                                         gate=args.llds_gate, norm=args.llds_norm,
                                         weight=dev(weight),
                                         num_tokens=num_tokens, num_pre=num_pre,
@@ -285,11 +257,11 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
                 loss = pg + args.llds * reg  # Eq. 6
             loss.backward()
             loss_sum += loss.item()
-            add_metrics(mb, {**m_pg, **m_llds})
+            add_metrics(mb, {**m_pg, **m_llds}, REDUCE)
         keys = sorted(mb)  # the same keys on every rank: sum the partial sums and weighted sums, max the maxima
         sums, maxes = all_reduce([mb[k] for k in keys]), all_reduce([mb[k] for k in keys], "max")
         reduced = {k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)}
-        per_mini.append(mean_metrics(reduced))
+        per_mini.append(mean_metrics(reduced, REDUCE))
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
         loss_sum = all_reduce([loss_sum])[0]  # every rank takes the same decision
@@ -299,21 +271,56 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         else:  # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
             print0(f"non-finite loss {loss_sum} or grad norm {grad_norms[-1]}: update skipped")
         optimizer.zero_grad(set_to_none=True)
-    return per_mini, grad_norms, stepped
+    first_old = [x.to(old_logp.device, old_logp.dtype) for x in first_old]
+    return per_mini, grad_norms, stepped, torch.cat([*first_old, old_logp])
 
 
-def logp_pass(model, batch, args: Args, vocab_size: int, world: int,
-              skip_first: bool = False) -> torch.Tensor:
+REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values combine: "sum", "max" or ("mean", weight)
+
+
+def logp_pass(model, batch, args: Args, vocab_size: int, world: int, skip_first: bool = False):
     """policy.batch_logp [B, T] in the update's own micro-batches, which restart at each of this rank's mini-batches
-    (the same rows padded together: the same floats); skip_first: the first mini-batch's rows NaN (`update` fills)."""
+    (the same rows padded together: the same floats); skip_first: [B - b, T], without the first mini-batch's b rows
+    (`update`'s own first forward gives them: with one mini-batch a step, no pass at all)."""
     mini = args.mini_batch_size // world
-    skip = mini if skip_first else 0  # rows left NaN, for `update` to fill
+    skip = mini if skip_first else 0  # rows the update gives itself
     return batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size, skip, mini)
 
 
-def load_run(args: Args, rank: int, world: int, device: str):
-    """What a run starts from, all checked before step 1: the checkpoint to resume and its state (or None), the
-    questions, the retriever, the policy, its tokenizer and the reference. Bad input exits with one line."""
+def llds_ma_weight(episodes, answer_mask: torch.Tensor,
+                   args: Args) -> tuple[torch.Tensor | None, dict]:
+    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of Episode.num_valid_searches over
+    every rank's trajectories (dp_actor.py:275-277); (None, {}) with --llds-ma off."""
+    if args.llds_ma == "off":
+        return None, {}
+    n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
+    return ma_weight(total / n, answer_mask, args.llds_ma,
+                     lam=args.llds, mask_weight=args.llds_ma_weight)
+
+
+def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped,
+                 lr, args: Args):
+    """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
+    paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
+    mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)
+    stats = gather_rows(episode_stats(episodes))  # [B over all ranks, 5]
+    metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
+    metrics["grpo/grad_norm"] = float(np.mean(grad_norms))
+    metrics["grpo/skipped_steps"] = stepped.count(False)
+    metrics["grpo/lr"] = lr
+    metrics.update(rollout_metrics(stats, mask, args.group_size))
+    metrics.update(likelihood_diagnostics(old, new, mask, stats[:, 0]))
+    adv_all = gather_rows(adv[:, None])[:, 0]
+    answer_mask = gather_rows(batch["answer_mask"])
+    ref = gather_rows(ref_logp) if ref_logp is not None else None
+    metrics.update(official_metrics(old, new, adv_all, mask, answer_mask, ref))
+    return metrics
+
+
+def load_run(args: Args, rank: int, world: int, device: str) -> Run:
+    """What a run starts from (machinery.run.Run), all checked before step 1: the checkpoint to resume and its state
+    (or None), the questions, the retriever, the policy, its tokenizer, the reference and the fixed probe (sampled
+    now, by the starting policy). Bad input exits with one line."""
     out_dir = Path(args.out_dir)
     try:
         ckpt, state, clear = checkpoint.open_run(out_dir, args.resume, args.overwrite, warn=print0)
@@ -358,8 +365,19 @@ def load_run(args: Args, rank: int, world: int, device: str):
             rows=rank_rows, prompt_tokens=prompt_tokens,
             update=(args.micro_batch_size, args.grad_ckpt),
             turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
-        probe = FixedProbe.start_run(args, model, tokenizer, rows, retriever, device, rank, world,
-                                     bool(ckpt), print0)
+        rows_each = min(args.probe_questions, len(rows)) // world * args.group_size  # probe responses a rank
+        sample = GENERATORS[args.generator](
+            model, tokenizer, stop_strings=STOP_STRINGS, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_p=args.top_p,
+            batch_size=max(1, min(int(args.gen_batch_size), rows_each)))
+        amp0 = autocast("bf16" if args.fsdp and "cuda" in device else args.amp, device, args.dtype)
+        probe = FixedProbe.start_run(  # step 0's pass before sharding: amp0 (FSDP's bf16 on a GPU)
+            model, tokenizer, rows, sample, retriever.search,
+            path=out_dir / f"probe_rank{rank}.json", questions=args.probe_questions,
+            every=args.probe_every, micro=args.micro_batch_size, temperature=args.temperature,
+            amp=autocast(args.amp, device, args.dtype, args.fsdp), amp0=amp0, rank=rank,
+            world=world, resumed=bool(ckpt), warn=print0, group_size=args.group_size,
+            max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
     except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
@@ -373,183 +391,64 @@ def load_run(args: Args, rank: int, world: int, device: str):
     if device == "cpu" and (note := busy_cpu_note()):
         print0(note)
     ref = ref_model if args.kl_coef else None  # no KL term: no reference passes
-    return ckpt, state, rows, retriever, model, tokenizer, device, ref, probe
+    return Run(ckpt, state, rows, retriever, model, tokenizer, device, ref, probe)
 
 
-def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped,
-                 lr, args: Args):
-    """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
-    paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
-    mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)
-    stats = gather_rows(episode_stats(episodes))  # [B over all ranks, 5]
-    metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
-    metrics["grpo/grad_norm"] = float(np.mean(grad_norms))
-    metrics["grpo/skipped_steps"] = stepped.count(False)
-    metrics["grpo/lr"] = lr
-    metrics.update(rollout_metrics(stats, mask, args.group_size))
-    metrics.update(likelihood_diagnostics(old, new, mask, stats[:, 0]))
-    adv_all = gather_rows(adv[:, None])[:, 0]
-    answer_mask = gather_rows(batch["answer_mask"])
-    ref = gather_rows(ref_logp) if ref_logp is not None else None
-    metrics.update(official_metrics(old, new, adv_all, mask, answer_mask, ref))
-    return metrics
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line: Args' valid values, checked before the run starts
+
+NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef",
+                "llds", "llds_ma_weight", "probe_questions", "calib_adv")
+COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
+          "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
+          "save_every", "keep_checkpoints", "probe_every")
+RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
+    **dict.fromkeys(NON_NEGATIVE, (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(COUNTS, (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
+    **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
+    "retriever_timeout": (lambda v: v > 0, "> 0 seconds"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "clip_eps": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "clip_eps_high": (lambda v: v is None or v > 0, "> 0"),  # None: unset (--clip-eps)
+    "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "gen_batch_size": (lambda v: v == "auto" or (v.isdecimal() and int(v) >= 1),
+                       "an integer >= 1 or auto"),
+    "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
+}
+CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
+    "policy_loss": tuple(POLICY_LOSSES),
+    "kl_type": tuple(KL_ESTIMATORS),
+    "loss_agg": tuple(AGGREGATIONS),
+    "llds_gate": tuple(GATES),
+    "llds_norm": tuple(NORMS),
+    "llds_ma": ("off", *MA_SCHEDULES),
+    "bm25": BM25_VARIANTS,
+    "ref_dtype": ("auto", "bfloat16", "float32"),
+    "amp": ("auto", "bf16", "off"),
+    "dtype": ("auto", "float32", "bfloat16"),
+    "generator": tuple(GENERATORS),
+    "report_to": ("off", *TRACKERS),
+}
 
 
-def log_step(step: int, m: dict, history: list, episodes, adv, args: Args, rank: int):
-    """The LLD alarm (llds.lld_alarm), metrics.jsonl (the whole history, rewritten atomically), one console line, and
-    at step 1 and every --log-rollouts-every steps a few full trajectories as text (rollouts_step{N}.jsonl)."""
-    out_dir = Path(args.out_dir)
-    before = history[-2]["alarm/phase"] if len(history) > 1 else ""  # the previous step's phase
-    m["alarm/phase"] = lld_alarm([h.get("diag/delta_correct") for h in history],
-                                 [h["grpo/grad_norm"] for h in history], k=args.alarm_k)
-    if m["alarm/phase"] and m["alarm/phase"] != before:
-        print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses "
-               f"fell or stalled for {args.alarm_k} steps; reward lags it, v2 Sec. 5.1)")
-    if rank == 0:
-        text = "".join(json.dumps(h) + "\n" for h in history)
-        checkpoint.atomic_write(out_dir / "metrics.jsonl", text)
-    print0(f"step {step} | reward {m['rollout/reward']:.3f} | pg {m['grpo/pg_loss']:.4f} | "
-           f"kl {m.get('grpo/kl', 0):.5f} | llds {m['llds/penalty']:.5f} | "
-           f"gate {m['llds/gate_rate']:.2f} | clip {m['grpo/clip_frac']:.3f} | "
-           f"gnorm {m['grpo/grad_norm']:.3f} | search/ep {m['rollout/searches_per_traj']:.2f} | "
-           f"{m['perf/step_s']:.0f}s")
-    if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
-        recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer,
-                 "reward": e.reward, "adv": adv[i].item(),
-                 "searches": e.num_searches, "text": e.text}
-                for i, e in enumerate(episodes[:args.num_log_rollouts])]
-        text = "".join(json.dumps(r) + "\n" for r in recs)
-        checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", text)
-
-
-def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args: Args,
-                 rerun: str = "") -> int:
-    """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at --max-bad-steps, or when
-    the update left non-finite weights or log-probs: never a checkpoint of a diverged policy. rerun: as main's."""
-    for ok in stepped:
-        bad = 0 if ok else bad + 1
-    if bad >= args.max_bad_steps:
-        raise SystemExit(f"error: {bad} consecutive optimizer steps had a non-finite loss or "
-                         f"grad norm and were skipped (step {step}): the policy collapsed or "
-                         f"diverged, see {args.out_dir}/metrics.jsonl")
-    if not all_finite(model, new_logp, loss_mask):
-        note = checkpoint.resume_note(Path(args.out_dir), rerun)
-        raise SystemExit(f"error: step {step}: the update left non-finite weights or log-probs "
-                         f"(the policy diverged; --lr {args.lr:g}?); not saved. {note}")
-    return bad
-
-
-def clock(device: str) -> tuple[float, float]:
-    """(wall s, CPU s of all threads) once the kernels queued on `device` have run (perf/*)."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()  # CUDA runs kernels asynchronously
-    return time.time(), time.process_time()
-
-
-def perf(t0, t_rollout, t_update, t_end) -> dict:
-    """perf/{rollout,logp,update,step}_s (wall) and _cpu_s (CPU) from four clock() readings."""
-    spans = {"rollout": (t0, t_rollout), "logp": (t_rollout, t_update), "update": (t_update, t_end),
-             "step": (t0, t_end)}
-    out = {}
-    for name, (a, b) in spans.items():
-        out[f"perf/{name}_s"] = b[0] - a[0]  # wall
-        out[f"perf/{name}_cpu_s"] = b[1] - a[1]  # CPU, all threads
-    return out
-
-
-def make_optimizer(model, args: Args):
-    """AdamW, and the official code's lr schedule: linear from 0 over --warmup-ratio of the steps,
-    then constant (one scheduler step per rollout step)."""
-    # fused: one in-place kernel per tensor, no temporaries at the peak
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999),
-                                  weight_decay=args.weight_decay, fused=True)
-    warmup = int(args.warmup_ratio * args.steps)
-    scheduler = LambdaLR(optimizer, lambda s: min(1.0, s / warmup) if warmup else 1.0)
-    return optimizer, scheduler
-
-
-def main(args: Args, rerun: str = ""):
-    """The training loop (module docstring). rerun: how to continue after Ctrl-C or an error if not
-    --resume OUT_DIR."""
-    split = {"--prompts-per-step": args.prompts_per_step, "--mini-batch-size": args.mini_batch_size}
-    rank, world, device = setup_dist(args.fsdp, args.device, args.seed, split)
-    run = load_run(args, rank, world, device)
-    ckpt, state, rows, retriever, model, tokenizer, device, ref_model, probe = run
-    out_dir, vocab_size = Path(args.out_dir), len(tokenizer)
-    model = enable_grad_ckpt(model) if args.grad_ckpt else model
-    model = shard(model) if args.fsdp else model
-    optimizer, scheduler = make_optimizer(model, args)
-    history, order, start, bad = [], [], 1, 0  # order: this epoch's questions to come; bad: skipped optimizer steps
-    if state:
-        restore(model, optimizer, scheduler, state)
-        history, order, bad = state["history"], state["order"], state["bad"]
-        start = state["step"] + 1
-        done = f"; nothing to do: --steps {args.steps}" if start > args.steps else ""
-        print0(f"resumed {ckpt} at step {start - 1}{done}")
-    amp = autocast(args.amp, device, args.dtype, args.fsdp)
-    generate = GENERATORS[args.generator](model, tokenizer, batch_size=args.gen_batch_size,  # sampling
-                                          max_new_tokens=args.max_new_tokens,
-                                          temperature=args.temperature, top_p=args.top_p)
-    # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
-    with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
-          checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
-        steps = range(start, args.steps + 1)
-        for step in tqdm(steps, desc="steps", dynamic_ncols=True, disable=rank != 0):
-            t0 = clock(device)
-            prompts, order = next_prompts(rows, order, args.prompts_per_step, args.seed + step - 1)
-            prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
-            # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
-            with full_weights(model), amp(), diverged_sampling(step):
-                episodes = rollout(generate, tokenizer, prompts, retriever.search,
-                                   group_size=args.group_size, max_turns=args.max_turns,
-                                   max_obs_tokens=args.max_obs_tokens, topk=args.topk)
-            t_rollout = clock(device)
-            # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
-            rewards = torch.tensor([e.reward for e in episodes])
-            adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
-            # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
-            batch = collate(episodes, tokenizer.pad_token_id)
-            with amp():
-                old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)  # [B, T] (1st: update's)
-                ref_logp = None
-                if ref_model:
-                    ref_logp = logp_pass(ref_model(), batch, args, vocab_size, world)  # [B, T]
-            weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
-            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)  # or None
-            t_update = clock(device)
-            # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
-            per_mini, grad_norms, stepped = update(
-                model, optimizer, batch, old_logp, ref_logp, adv, weight, args, vocab_size,
-                args.mini_batch_size // world, amp(cache=False), pg_adv)  # mini-batch: this rank's share
-            lr = optimizer.param_groups[0]["lr"]  # the lr this step used
-            scheduler.step()
-            # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm
-            with amp():
-                new_logp = logp_pass(model, batch, args, vocab_size, world)
-            diagnostics = step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
-                                       grad_norms, stepped, lr, args)
-            metrics = {"step": step, **diagnostics, **ma_metrics, **probe(step)}
-            history.append(metrics)
-            metrics.update(perf(t0, t_rollout, t_update, clock(device)))
-            # 6. log and save
-            log_step(step, metrics, history, episodes, adv, args, rank)
-            report(numbers(metrics), step)
-            bad = check_health(model, new_logp, batch["loss_mask"], bad, stepped, step, args, rerun)
-            stopping = all_reduce([len(stop)], "max")[0] > 0  # every rank saves and stops together
-            if step % args.save_every == 0 or step == args.steps or stopping:
-                saved_state = {"order": order, "bad": bad, "history": history,
-                               "scheduler": scheduler.state_dict()}
-                saved = save_checkpoint(model, tokenizer, optimizer, out_dir, step, saved_state,
-                                        args.keep_checkpoints)
-                if saved:  # None on the ranks other than 0
-                    print0(f"saved {saved}")
-            if stopping:
-                print0(f"stopped after step {step}. {checkpoint.resume_note(out_dir, rerun)}")
-                raise SystemExit(128 + (stop[0] if stop else signal.SIGTERM))
-    if rank == 0:
-        shutil.rmtree(out_dir / ".ref", ignore_errors=True)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def parse_args(argv=None) -> Args:
+    """argparse over the Args fields: --field-name VALUE for each, help from the field's comment, grouped by the
+    `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
+    args, error = parse_dataclass(Args, __doc__, RANGES, CHOICES, argv)
+    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high  # unset: symmetric
+    if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
+        error(f"--report-to {args.report_to}: {problem}")
+    per_step = args.prompts_per_step * args.group_size  # trajectories a step
+    if args.llds > 0 and per_step <= args.mini_batch_size:  # the LLDS arm of a comparison would equal plain GRPO
+        print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert "
+              f"(its Delta is 0 at an on-policy update); give --mini-batch-size < {per_step} "
+              "(the trajectories a step) for several updates a step (the paper: 10)",
+              file=sys.stderr)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        error(f"--device {args.device}: this torch sees no CUDA device "
+              "(torch.cuda.is_available() is False); "
+              "use --device cpu, or install a CUDA build of torch")
+    return args
 
 
 if __name__ == "__main__":

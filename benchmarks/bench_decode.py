@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7, help="timed decode steps per cell (default 7)")
     a = ap.parse_args()
     from bench_trl import matmul_peak
-    from policy import cpu_has_bf16, load_policy
+    from machinery.policy import cpu_has_bf16, load_policy
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' past_key_values rename

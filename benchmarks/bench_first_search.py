@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_PROCESS = """if True:
     import json, sys, time
     t0 = time.perf_counter()
-    import bm25
+    from machinery import bm25
     bm25.NUMBA = bm25.NUMBA and sys.argv[3] != "numpy"
     from retriever import BM25Retriever
     retriever = BM25Retriever.from_jsonl(sys.argv[1])
@@ -51,7 +51,7 @@ IN_PROCESS = """if True:
 
 SERVER = """if True:
     import runpy, sys
-    import bm25
+    from machinery import bm25
     bm25.NUMBA = bm25.NUMBA and sys.argv.pop() != "numpy"
     runpy.run_path("scripts/retrieval_server.py", run_name="__main__")
 """

@@ -41,7 +41,7 @@ from statistics import fmean
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data import load_corpus  # noqa: E402
+from machinery.data import load_corpus  # noqa: E402
 from retriever import BM25Retriever, load_index, save_index  # noqa: E402
 
 DATA = Path(os.environ.get("BENCH_DATA", ROOT / "data" / "hotpotqa"))  # --data (children read it from the env)

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bm25 import SparseBM25, top_k  # noqa: E402
+from machinery.bm25 import SparseBM25, top_k  # noqa: E402
 
 V, WORDS_PER_PASSAGE, QUERY_WORDS = 1_000_000, 45, 5
 PAPER_D, PAPER_SEARCHES = 21_015_324, 7_700  # wiki-18 passages; searches per paper step (512 x 5 x ~3 turns)

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from data import DEMO_CORPUS, load_corpus  # noqa: E402
+from machinery.data import DEMO_CORPUS, load_corpus  # noqa: E402
 from retrieval_server import LISTEN_BACKLOG  # noqa: E402
 
 ERRORS = ("reset", "refused", "timeout", "non-200", "other")

@@ -37,10 +37,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
-from data import load_questions  # noqa: E402
-from engine import GENERATORS, hf_generator  # noqa: E402
+from machinery.data import load_questions  # noqa: E402
+from machinery.engine import GENERATORS, hf_generator  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
-from rollout import rollout  # noqa: E402
+from rollout import STOP_STRINGS, rollout  # noqa: E402
 
 ENGINES = ("hf", "hf-kv", "cb")
 SMOLLM2 = Path(os.environ.get("OFFLINE_MODEL_DIR", Path.home() / ".cache" / "offline-models")) / "smollm2"
@@ -88,8 +88,9 @@ def workloads(quick: bool, tmp: Path) -> list[dict]:
 
 def one_rollout(w: dict, make, seed: int, do_sample: bool = True, batch_size: int | None = None):
     """One rollout of workload w with engine factory `make`: (useful, slots, wall s, cpu s, response ids)."""
-    generate = counting(make(w["model"], w["tok"], max_new_tokens=w["max_new_tokens"], temperature=1.0, top_p=0.95,
-                             do_sample=do_sample, batch_size=batch_size or w["batch_size"]))
+    generate = counting(make(w["model"], w["tok"], stop_strings=STOP_STRINGS, max_new_tokens=w["max_new_tokens"],
+                             temperature=1.0, top_p=0.95, do_sample=do_sample,
+                             batch_size=batch_size or w["batch_size"]))
     torch.manual_seed(seed)
     wall, cpu = time.perf_counter(), time.process_time()
     eps = rollout(generate, w["tok"], w["rows"], w["search"], group_size=w["group_size"], max_turns=3,
@@ -101,7 +102,8 @@ def one_rollout(w: dict, make, seed: int, do_sample: bool = True, batch_size: in
 def bench(w: dict, repeats: int) -> list[dict]:
     """Rows of one workload: each engine's figures over `repeats` interleaved rollouts, and the 1-row reference."""
     for name in ENGINES:  # warm-up: first-call costs (allocator, the stop-string tables)
-        GENERATORS[name](w["model"], w["tok"], max_new_tokens=2)([w["tok"].encode("Hi", add_special_tokens=False)])
+        GENERATORS[name](w["model"], w["tok"], stop_strings=STOP_STRINGS, max_new_tokens=2)(
+            [w["tok"].encode("Hi", add_special_tokens=False)])
     runs = {name: [] for name in ENGINES}
     for rep in range(repeats):
         for name in ENGINES:

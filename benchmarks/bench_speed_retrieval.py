@@ -47,8 +47,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import bm25  # noqa: E402
-from bm25 import LUCENE_STOP_WORDS, SparseBM25, english_analyze, tokenize  # noqa: E402
+from machinery import bm25  # noqa: E402
+from machinery.bm25 import LUCENE_STOP_WORDS, SparseBM25, english_analyze, tokenize  # noqa: E402
 
 DATA = Path(os.environ.get("BENCH_DATA", ROOT / "data" / "hotpotqa"))  # --data: scripts/prepare_data.py writes it
 BEFORE = "78d3157"  # the last commit before issue 27's retrieval work ("ours before" build)

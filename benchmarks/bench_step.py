@@ -103,11 +103,11 @@ def child_rollout(model: str, questions: int, amp: str):
     bf16, as train.py --amp bf16 generates); prints one JSON line."""
     import torch
 
-    from data import load_questions
-    from engine import hf_generator
+    from machinery.data import load_questions
+    from machinery.engine import hf_generator
     from retriever import make_retriever
-    from rollout import rollout
-    from policy import load_policy
+    from rollout import STOP_STRINGS, rollout
+    from machinery.policy import load_policy
 
     policy, tok, _ = load_policy(model, "float32", "cpu")
     rows = load_questions(str(DATA / "hotpotqa_train.jsonl"))[:questions]
@@ -117,7 +117,8 @@ def child_rollout(model: str, questions: int, amp: str):
         torch.manual_seed(0)
         t = time.time()
         with torch.autocast("cpu", torch.bfloat16, enabled=amp == "bf16"):  # as train.py: weight cache on
-            eps = rollout(hf_generator(policy, tok, max_new_tokens=64, batch_size=gbs), tok, rows, retriever.search,
+            eps = rollout(hf_generator(policy, tok, stop_strings=STOP_STRINGS, max_new_tokens=64, batch_size=gbs),
+                          tok, rows, retriever.search,
                           group_size=4, max_turns=2, max_obs_tokens=160)
         out[name] = sum(sum(e.loss_mask) for e in eps) / (time.time() - t)
     print(json.dumps(out))

@@ -108,7 +108,7 @@ def run_trl(model: str, new_tokens: int, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from data import load_questions
+    from machinery.data import load_questions
     from rollout import em_check, extract_answer, make_prompt
 
     tok = AutoTokenizer.from_pretrained(model)

@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab"), str(ROOT / "benchmarks"), str(ROOT / "gpu")]
 
-from checkpoint import atomic_write  # noqa: E402
+from machinery.checkpoint import atomic_write  # noqa: E402
 from memory_plan import CONFIGS  # noqa: E402
 
 # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 Tensor Core 1,979 TFLOPS "with sparsity"; dense
@@ -207,10 +207,10 @@ def gen_child(model: str, questions: str, out: str, rows: int, new_tokens: int):
     first EOS or stop string) and tokens/s; per mode how many rows' ids are the same and where the others part."""
     import torch
 
-    from data import load_questions
-    from engine import GENERATORS
-    from policy import autocast, load_policy
-    from rollout import cut_turn
+    from machinery.data import load_questions
+    from machinery.engine import GENERATORS
+    from machinery.policy import autocast, load_policy
+    from rollout import STOP_STRINGS, cut_turn
 
     cuda = torch.cuda.is_available()
     policy, tok, device = load_policy(model, "float32", "cuda" if cuda else "cpu")
@@ -226,7 +226,8 @@ def gen_child(model: str, questions: str, out: str, rows: int, new_tokens: int):
     for mode in ("fp32", "bf16") if cuda else ("fp32",):
         amp, got = autocast("bf16" if mode == "bf16" else "off", device), {}
         for name in ("hf", "cb"):
-            generate = GENERATORS[name](policy, tok, max_new_tokens=new_tokens, do_sample=False, batch_size=rows)
+            generate = GENERATORS[name](policy, tok, stop_strings=STOP_STRINGS, max_new_tokens=new_tokens,
+                                        do_sample=False, batch_size=rows)
 
             def turns(ctx):
                 with amp():
@@ -254,7 +255,7 @@ def gen_child(model: str, questions: str, out: str, rows: int, new_tokens: int):
     if cuda:  # where a sampling decode step's time goes: one cb call as in training (top-p, bf16 autocast)
         from torch.profiler import ProfilerActivity, profile
 
-        generate = GENERATORS["cb"](policy, tok, max_new_tokens=16, batch_size=rows)
+        generate = GENERATORS["cb"](policy, tok, stop_strings=STOP_STRINGS, max_new_tokens=16, batch_size=rows)
         with autocast("bf16", device)(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t = time.time()
             generate(contexts)

@@ -18,7 +18,7 @@ torch saves for backward (saved_tensors_hooks, each storage once, parameters lef
     python gpu/memory_plan.py --measure            # estimate vs measured, on this CPU (~1 minute)
     python gpu/memory_plan.py --step-time          # a paper step's expected time split, 1, 4 and 8 GPUs
 
---step-time is arithmetic from per-token costs at assumed rates (RATES; docs/scaling.md#the-papers-runs-on-paper):
+--step-time is arithmetic from per-token costs at assumed rates (RATES; results/scaling/paper_runs.md):
 per rank, the training passes take FLOPs / (MFU x peak); a Hugging Face generate call decodes until its longest row
 stops, each decode step reading the bf16 weights and its rows' KV cache at a fraction of the memory bandwidth plus a
 fixed overhead, and re-prefills each turn's whole context; a vLLM engine in the same generate(contexts) seam batches
@@ -38,8 +38,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memory import GiB, kv_bytes_per_token, memory_plan, update_activation_bytes  # noqa: E402
-from policy import autocast, enable_grad_ckpt, response_logp  # noqa: E402
+from machinery.memory import GiB, kv_bytes_per_token, memory_plan, update_activation_bytes  # noqa: E402
+from machinery.policy import autocast, enable_grad_ckpt, response_logp  # noqa: E402
 
 # From each model's config.json on the hub (Qwen/Qwen2.5-{0.5B,3B,7B}); the -Instruct models have the same shapes.
 CONFIGS = {

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data import passage_title  # noqa: E402
+from machinery.data import passage_title  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 
 ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "th", "sh")

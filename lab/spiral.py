@@ -5,11 +5,12 @@ policy: for world 0 the committed one (lab/world0_policy, the same weights on ev
 trains one here instead, ~15 minutes), for other worlds trained here. Then for every (world, lr, lambda, seed) of
 the grid trains the policy with the unchanged train.py, scores it on the held-out people with the unchanged
 evaluate.py, and finally prints the grid, every run and then every (lr, lambda) cell over its worlds and seeds, with
-the measures docs/spiral.md fixes before the runs: the collapse on 5-step reward windows (collapsed / degraded /
+the measures results/spiral/grid5.md fixed before the runs: the collapse on 5-step reward windows (collapsed / degraded /
 held, and its step), the onsets of the sustained fall of the correct and of the incorrect responses' likelihood, the
 lead of the first over the collapse (the paper's order: likelihood first), the first LLD alarm of phase II/III (hits
 and false alarms against the collapses), the entropy and valid-action ratio at the end, and test EM against the warm
-start's. The figure draws the runs of the first world and lr, all seeds, lambda by colour (scripts/plot_run.py).
+start's. Two figures of the first world and lr (scripts/plot_run.py): spiral.png, reward and the fixed correct
+responses' likelihood, per lambda the mean over seeds and their range; diagnostics.png, every diagnostic of every run.
 A finished run (its metrics and eval.json complete) is not run again, and an unfinished one (Ctrl-C, a kill) resumes
 from its newest complete checkpoint (train.py --resume): the same command continues a stopped grid where it stopped.
 A run folder that holds a finished run of another --steps is refused, never overwritten.
@@ -19,7 +20,7 @@ A run folder that holds a finished run of another --steps is refused, never over
     python lab/spiral.py --out runs/g8 --group-size 8 --prompts-per-step 4   # any other flag goes to train.py
     python lab/spiral.py --world data/w --world-seeds 11 12 13 --lambdas 0 0.1 0.2 --lrs 3e-4 --steps 100 \\
         --world-flags="--redraw-errors --wrong-frac 0 --guess-frac 0.4 --sft-steps 3000" --out runs/grid4_slow
-                                                      # the fourth grid's slow regime: three new worlds (docs/spiral.md)
+                                                      # the fourth grid's slow regime: three new worlds (results/spiral/grid4.md)
 """
 
 import argparse
@@ -36,9 +37,9 @@ import evaluate  # noqa: E402
 import plot_run  # noqa: E402
 import search_world  # noqa: E402
 import train  # noqa: E402
-from checkpoint import atomic_write, folder_problem  # noqa: E402
+from machinery.checkpoint import atomic_write, folder_problem  # noqa: E402
 
-# Every run's train.py flags besides --lr, --llds, --seed (docs/spiral.md, "Protocol"): 4 optimizer steps per rollout
+# Every run's train.py flags besides --lr, --llds, --seed (results/spiral/grid1.md, "Protocol"): 4 optimizer steps per rollout
 # step, the second grid's cell where plain GRPO collapsed in every seed (the first grid: --mini-batch-size 16)
 RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", "--micro-batch-size", "8",
       "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--warmup-ratio", "0",
@@ -72,8 +73,8 @@ def sampled_on_test(model: Path, files: dict, out: Path, samples: int) -> dict:
     Returns {"reward", "searches"} (mean EM and searches per trajectory), cached in `out`."""
     if not out.is_file():
         import warm_start
-        from policy import load_policy
-        from data import load_corpus
+        from machinery.policy import load_policy
+        from machinery.data import load_corpus
         from retriever import BM25Retriever
 
         policy, tok, _ = load_policy(str(model), device="cpu")
@@ -106,7 +107,7 @@ def resume_flags(run: Path, steps: int, fresh: bool = False) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The measures of the mechanism (docs/spiral.md, "Protocol of the fourth grid"), pure functions of metrics.jsonl
+# The measures of the mechanism (results/spiral/grid4.md, its protocol), pure functions of metrics.jsonl
 
 WINDOW = 5  # rollout steps per reward window: 5 x 32 trajectories = 160 answers
 FALL = 0.1  # nats per token: a sustained fall of a likelihood by less than this is not counted
@@ -420,7 +421,7 @@ def main(argv=None):
                 search_world.main(["--out", str(files["policy"].parent), "--seed", "0", "--sft-steps", "0"])
                 shutil.copytree(COMMITTED, files["policy"])
             else:
-                from policy import busy_cpu_note
+                from machinery.policy import busy_cpu_note
 
                 print(f"building the world {w} and warm-starting its policy in {files['policy'].parent} (once; ~15 "
                       "min on 2 idle cores)")
@@ -432,7 +433,8 @@ def main(argv=None):
         sampled = sampled_on_test(files["policy"], files, out / f"{tag(w)}warm_start_sampled.json",
                                   args.test_samples) if args.test_samples else {}
         warm[w] = {"em": em, **sampled}
-        print(f"world {w} warm start: test EM {em:.3f}"
+        print(f"world {w} warm start: test EM {em:.3f} over all test questions (the table's average row: the "
+              "mean of its kinds)"
               + (f", sampled test reward {sampled['reward']:.3f}, searches/traj {sampled['searches']:.2f}"
                  if sampled else ""))
 
@@ -462,11 +464,18 @@ def main(argv=None):
     atomic_write(out / "grid.json", json.dumps({"warm_start": warm, "train_flags": extra,
                                                   "world_flags": args.world_flags, "runs": rows}, indent=1))
     first = [r for r in rows if r["lr"] == args.lrs[0] and r["world"] == args.world_seeds[0]]
-    figure = plot_run.plot_runs([r["run"] for r in first], out / "spiral.png",
+    figure = plot_run.plot_bands([r["run"] for r in first], [name(r["llds"]) for r in first], out / "spiral.png")
+    panels = plot_run.plot_runs([r["run"] for r in first], out / "diagnostics.png",
                                 labels=[f"λ={r['llds']:g} seed {r['seed']}" for r in first])
     steps = len(rows) * args.steps
-    print(f"wrote {out / 'grid.md'}, {out / 'grid.json'} and {figure}; {len(rows)} runs, {time.time() - t0:.0f} s in "
+    print(f"wrote {out / 'grid.md'}, {out / 'grid.json'}, {figure} (reward and the probe, mean and range over "
+          f"seeds) and {panels} (every diagnostic, every run); {len(rows)} runs, {time.time() - t0:.0f} s in "
           f"all ({steps / sum(r['s_per_step'] * args.steps for r in rows):.2f} training steps/s)")
+
+
+def name(llds: float) -> str:
+    """The figure's label of a lambda: 'GRPO (λ=0)' or 'GRPO + LLDS (λ=0.2)'."""
+    return f"GRPO + LLDS (λ={llds:g})" if llds else "GRPO (λ=0)"
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy import collate, load_policy, response_logp  # noqa: E402
-from engine import hf_generator  # noqa: E402
-from rollout import (Episode, answer_span, em_check, format_passages, make_prompt, observation_ids,  # noqa: E402
-                     rollout)
+from machinery.policy import collate, load_policy, response_logp  # noqa: E402
+from machinery.engine import hf_generator  # noqa: E402
+from rollout import (STOP_STRINGS, Episode, answer_span, em_check, format_passages, make_prompt,  # noqa: E402
+                     observation_ids, rollout)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (tests/tiny.py's)
 CHAT_TEMPLATE = (  # Qwen2.5's ChatML template without the default system message (tests/tiny.py's)
@@ -268,7 +268,8 @@ def sampled_em(model, tokenizer, rows: list[dict], search, *, group_size: int = 
     are not all equal (GRPO learns from those only), executed searches per trajectory, and the share of trajectories
     that gave an <answer> (a policy that never uses the tags gets no reward to learn from)."""
     torch.manual_seed(seed)
-    generate = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, do_sample=True)
+    generate = hf_generator(model, tokenizer, stop_strings=STOP_STRINGS, max_new_tokens=max_new_tokens,
+                            do_sample=True)
     eps = rollout(generate, tokenizer, rows, search, group_size=group_size, max_turns=max_turns,
                   max_obs_tokens=max_obs_tokens)
     reward = torch.tensor([e.reward for e in eps])  # [B]

@@ -68,8 +68,8 @@ from tqdm import tqdm
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, lab/
 
-from policy import autocast, load_policy  # noqa: E402
-from data import load_questions, passage_title  # noqa: E402
+from machinery.policy import autocast, load_policy  # noqa: E402
+from machinery.data import load_questions, passage_title  # noqa: E402
 from retriever import make_retriever  # noqa: E402
 from rollout import Episode, check_obs_budget  # noqa: E402
 from warm_start import demonstration, loss_curve, model_turns, sampled_em, sft  # noqa: E402

@@ -10,6 +10,7 @@ how many values are off it.
 
     python scripts/plot_run.py runs/l0 runs/l02 --out spiral.png    # two runs, one figure
     python scripts/plot_run.py runs/default                          # -> runs/default/diagnostics.png
+    python scripts/plot_run.py runs/s0 runs/s1 runs/l0 runs/l1 --labels GRPO GRPO LLDS LLDS --bands --out b.png
 """
 
 import argparse
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data import read_jsonl  # noqa: E402
+from machinery.data import read_jsonl  # noqa: E402
 
 
 PANELS = (  # (title, y label, ((metrics key, line style, legend suffix), ...))
@@ -161,9 +162,58 @@ def plot_runs(run_dirs: list, out, labels: list | None = None) -> Path:
     key_ax.axis("off")
     key_ax.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
     key_ax.text(0.0, 0.0, "LLD alarms (red dots; a star and a dashed line where a phase starts):\n" +
-                ("\n".join(alarms) if alarms else "none"), transform=key_ax.transAxes, fontsize=8, va="bottom",
-                wrap=True)
+                "\n".join(alarms) if alarms else "LLD alarms: none", transform=key_ax.transAxes, fontsize=8,
+                va="bottom", wrap=True)
     fig.suptitle("LLD death-spiral diagnostics (cf. arXiv 2512.04220, Fig. 2): " + ", ".join(l for l, _ in runs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+BANDS = (("Reward", "EM reward, mean over trajectories", "rollout/reward"),
+         ("Likelihood of the fixed correct responses", "change since step 0 (nats / token)", "probe/dlogp_correct"))
+
+
+def plot_bands(run_dirs: list, labels: list, out) -> Path:
+    """What a newcomer looks at first: reward and the fixed correct responses' likelihood (probe/dlogp_correct), one
+    colour per label (its runs: the seeds of one setting), the mean over its runs as a line and their range (min to
+    max at each step) as a band. Writes a PNG to `out` and returns its path. ValueError if the labels do not match
+    the runs one to one."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
+    groups = {}
+    for label, d in zip(labels, run_dirs):
+        groups.setdefault(label, []).append(read_metrics(d))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for ax, (title, ylabel, key) in zip(axes, BANDS):
+        for i, (label, runs) in enumerate(groups.items()):
+            by_step = {}
+            for history in runs:
+                for x, y in zip(*series(history, key)):
+                    by_step.setdefault(x, []).append(y)
+            xs = sorted(by_step)
+            if not xs:
+                continue
+            mean = [sum(by_step[x]) / len(by_step[x]) for x in xs]
+            color = colors[i % len(colors)]
+            ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs], color=color,
+                            alpha=0.2, lw=0)
+            ax.plot(xs, mean, color=color, lw=2, label=f"{label}: mean of {len(runs)} runs, band min-max")
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, frameon=False)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -175,10 +225,16 @@ def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dirs", nargs="+", help="train.py --out-dir folders (each with metrics.jsonl)")
     ap.add_argument("--out", help="PNG path (default: RUN_DIR/diagnostics.png for one run, else ./diagnostics.png)")
-    ap.add_argument("--labels", nargs="+", help="legend label per run (default: folder and its λ)")
+    ap.add_argument("--labels", nargs="+", help="legend label per run (default: folder and its λ); with --bands, "
+                    "runs of one label are one setting's seeds")
+    ap.add_argument("--bands", action="store_true", help="two panels only, reward and the fixed correct responses' "
+                    "likelihood: per label the mean over its runs and their range")
     args = ap.parse_args(argv)
     out = args.out or (Path(args.run_dirs[0]) / "diagnostics.png" if len(args.run_dirs) == 1 else "diagnostics.png")
     try:
+        if args.bands:
+            print(f"wrote {plot_bands(args.run_dirs, args.labels or [run_label(d) for d in args.run_dirs], out)}")
+            return
         print(f"wrote {plot_runs(args.run_dirs, out, args.labels)}")
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None

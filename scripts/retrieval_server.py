@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bm25 import BM25_VARIANTS  # noqa: E402
+from machinery.bm25 import BM25_VARIANTS  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 
 # The listen() backlog, i.e. connections the kernel queues until a server thread accepts them. Python's socketserver

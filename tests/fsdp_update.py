@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import policy  # noqa: E402
-from fsdp import setup_dist, shard  # noqa: E402
+from machinery import policy  # noqa: E402
+from machinery.fsdp import setup_dist, shard  # noqa: E402
 import train  # noqa: E402
 from grpo import group_advantages  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
@@ -72,8 +72,8 @@ def two_steps(fsdp: bool = False, micro_batch_size: int = 2) -> list[dict]:
         old = policy.batch_logp(model, batch, micro_batch_size, 1.0, len(tok))
         ref_logp = policy.batch_logp(ref, batch, micro_batch_size, 1.0, len(tok))
         old = old + 0.05 * torch.sin(batch["input_ids"][:, -old.shape[1]:].float())  # off-policy, so LLDS acts
-        per_mini, norms, stepped = train.update(model, optimizer, batch, old, ref_logp, adv[mine], None, args,
-                                                len(tok), share)
+        per_mini, norms, stepped, _ = train.update(model, optimizer, batch, old, ref_logp, adv[mine], None, args,
+                                                   len(tok), share)
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             log.append({"metrics": per_mini, "grad_norms": norms, "stepped": stepped,

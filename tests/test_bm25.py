@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import hang  # noqa: E402
-import bm25  # noqa: E402
-from bm25 import (  # noqa: E402
+from machinery import bm25  # noqa: E402
+from machinery.bm25 import (  # noqa: E402
     BM25_VARIANTS, LUCENE_STOP_WORDS, SparseBM25, english_analyze, java_lower, lucene_doc_length, standard_tokenize,
     tokenize, top_k, uax29_tokenize,
 )
-from data import DEMO_CORPUS, load_corpus  # noqa: E402
+from machinery.data import DEMO_CORPUS, load_corpus  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 
 QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages and questions, a sample (its README.md)
@@ -793,7 +793,7 @@ def test_pruned_lucene_search_is_the_dense_topk_bit_for_bit(engine, monkeypatch)
     monkeypatch.setattr(bm25, "PRUNE_FROM", 0)
     pruned = Counter()
     if engine == "python":
-        from bm25_numba import topk
+        from machinery.bm25_numba import topk
 
         def candidates(*args, _step=topk._candidates):
             pruned["queries"] += 1
@@ -829,6 +829,6 @@ def test_scale_benchmark_runs_and_finds_the_same_hits():
 
 
 def test_demo_runs():
-    out = hang.run([sys.executable, "bm25.py"], cwd=REPO, capture_output=True, text=True)
+    out = hang.run([sys.executable, "-m", "machinery.bm25"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2:] == ["lucene [0, 1] [0.7459, 0.2416]", "okapi [0, 1] [0.5303, 0.0251]"]

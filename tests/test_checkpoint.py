@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import checkpoint  # noqa: E402
+from machinery import checkpoint  # noqa: E402
 import hang  # noqa: E402
 from test_train import files, same_value  # noqa: E402, F401  (files: the module's tiny model, questions, corpus)
 
@@ -373,13 +373,13 @@ def test_truncated_or_damaged_trainer_state_is_one_clear_line(files, reference):
 
 
 def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
-    """`python checkpoint.py RUN` (the file run alone): each checkpoint, whether it is complete, and the one --resume
+    """`python -m machinery.checkpoint RUN` (the file run alone): each checkpoint, whether it is complete, and the one --resume
     would take; a damaged newest one is named and skipped."""
     for step in (1, 2):
         checkpoint.save(tmp_path, step, lambda folder: (folder / "weights.bin").write_bytes(b"x" * 100), keep=2)
     with open(checkpoint.step_dir(tmp_path, 2) / "weights.bin", "r+b") as f:
         f.truncate(10)
-    r = hang.run([sys.executable, "checkpoint.py", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    r = hang.run([sys.executable, "-m", "machinery.checkpoint", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("step      1 ") and lines[0].endswith("complete")
@@ -388,12 +388,12 @@ def test_checkpoint_py_lists_a_runs_checkpoints(tmp_path):
 
 
 def test_checkpoint_py_names_a_missing_run_folder(tmp_path):
-    """`python checkpoint.py no/such/dir` said "continues from: nothing" and exited 0, as for a run that saved
+    """`python -m machinery.checkpoint no/such/dir` said "continues from: nothing" and exited 0, as for a run that saved
     nothing yet: a typo looked like an empty run. It fails with one line naming the folder."""
     (tmp_path / "file").write_text("")
     for missing, why in ((tmp_path / "no" / "such" / "dir", "no such run folder"),
                          (tmp_path / "file", "no such run folder (a file)")):
-        r = hang.run([sys.executable, "checkpoint.py", str(missing)], cwd=ROOT, capture_output=True, text=True)
+        r = hang.run([sys.executable, "-m", "machinery.checkpoint", str(missing)], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 1 and r.stdout == "" and r.stderr == f"error: {missing}: {why}\n", r
 
 
@@ -430,7 +430,7 @@ def test_a_killed_writers_temp_file_is_removed_when_the_run_starts_again(tmp_pat
     start removes the temp files whose writer is gone, and keeps a live writer's (here: this process's)."""
     import subprocess
 
-    from checkpoint import prepare_out_dir
+    from machinery.checkpoint import prepare_out_dir
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stray = tmp_path / f".metrics.jsonl.{int(gone.stdout)}.tmp"

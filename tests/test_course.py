@@ -98,7 +98,7 @@ def test_student_copy_imports_and_collects(student):
     for spec in EXERCISES.values():
         for file, name in spec["functions"]:
             assert is_blank((student / file).read_text(), name), f"{file} {name} was not blanked"
-    code = "import grpo, llds, rollout, train, evaluate, fsdp"
+    code = "import grpo, llds, rollout, train, evaluate, probe, machinery.fsdp"
     out = hang.run([sys.executable, "-c", code], cwd=student, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     out = hang.run([sys.executable, "-m", "pytest", "--collect-only", "-q"], cwd=student, capture_output=True,

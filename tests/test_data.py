@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import hang  # noqa: E402
-from data import load_corpus, load_questions, next_prompts, passage_title  # noqa: E402
+from machinery.data import load_corpus, load_questions, next_prompts, passage_title  # noqa: E402
 
 
 def test_passage_title_is_the_first_line_without_its_quotes():
@@ -192,6 +192,6 @@ def test_next_prompts_takes_every_question_once_per_epoch():
 
 
 def test_demo_runs():
-    out = hang.run([sys.executable, "data.py"], cwd=REPO, capture_output=True, text=True)
+    out = hang.run([sys.executable, "-m", "machinery.data"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "5 ['Paris', 'Berlin', 'Eiffel Tower']"

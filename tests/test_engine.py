@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 import evaluate  # noqa: E402
-from engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
-from rollout import make_prompt, rollout  # noqa: E402
+from machinery.engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
+from rollout import STOP_STRINGS, make_prompt, rollout  # noqa: E402
 from test_rollout import Q1, Q2, FakeRetriever, enc, run  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
 from train import parse_args  # noqa: E402
@@ -70,8 +70,8 @@ def test_greedy_episodes_are_the_same(tiny, batch_size, bias, tags):
     model, tok = tiny
     eps = {}
     for name, make in GENERATORS.items():
-        generate = make(model, tok, max_new_tokens=24, do_sample=False, batch_size=batch_size,
-                        logits_processor=eos_bias(tok, bias, tags))
+        generate = make(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, do_sample=False,
+                        batch_size=batch_size, logits_processor=eos_bias(tok, bias, tags))
         eps[name] = rollout(generate, tok, QUESTIONS, no_search, group_size=2, max_turns=3, max_obs_tokens=64)
     for name in GENERATORS:
         assert [fields(e) for e in eps[name]] == [fields(e) for e in eps["hf"]], name
@@ -115,8 +115,8 @@ def test_sampled_ids_are_the_same_under_one_seed_in_one_call(world):
     eps = {}
     for name in ("hf", "hf-kv"):
         torch.manual_seed(0)
-        eps[name] = rollout(GENERATORS[name](model, tok, max_new_tokens=48, top_p=0.95), tok, rows, search,
-                            group_size=3, max_turns=3, max_obs_tokens=96)
+        generate = GENERATORS[name](model, tok, stop_strings=STOP_STRINGS, max_new_tokens=48, top_p=0.95)
+        eps[name] = rollout(generate, tok, rows, search, group_size=3, max_turns=3, max_obs_tokens=96)
     assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps["hf-kv"]]
     assert sum(e.num_searches for e in eps["hf"]) >= 3  # later turns did run on the kept caches
 
@@ -131,8 +131,8 @@ def test_cb_greedy_searches_are_hfs_with_refilled_slots(world):
         scores[:, know] -= 100.0
         return scores
 
-    eps = {name: rollout(GENERATORS[name](model, tok, max_new_tokens=48, do_sample=False, batch_size=4,
-                                          logits_processor=[search_first]), tok, rows, search, group_size=2,
+    eps = {name: rollout(GENERATORS[name](model, tok, stop_strings=STOP_STRINGS, max_new_tokens=48, do_sample=False,
+                                          batch_size=4, logits_processor=[search_first]), tok, rows, search, group_size=2,
                          max_turns=3, max_obs_tokens=96) for name in ("hf", "cb")}
     assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps["cb"]]
     assert sum(e.num_searches for e in eps["hf"]) >= 6 and len({e.num_turns for e in eps["hf"]}) > 1
@@ -141,7 +141,7 @@ def test_cb_greedy_searches_are_hfs_with_refilled_slots(world):
 @pytest.mark.parametrize("engine", [kv_generator, cb_generator])
 def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
     model, tok = tiny
-    generate = engine(model, tok, max_new_tokens=8, do_sample=False)
+    generate = engine(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False)
     first = generate([tok.encode("Hi there", add_special_tokens=False)])
     assert generate([tok.encode("Hi there", add_special_tokens=False) + first[0] + [5]])  # a later turn: kept
     rollout(generate, tok, QUESTIONS[:1], no_search, group_size=1, max_turns=1, max_obs_tokens=64)
@@ -168,7 +168,7 @@ def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
     forward = model.forward
     model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
-        cb = cb_generator(model, tok, max_new_tokens=8, do_sample=False, batch_size=3,
+        cb = cb_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False, batch_size=3,
                           logits_processor=[recorder("cb")])
         first = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?")]
         new = cb(first)
@@ -176,7 +176,8 @@ def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
         second = [c + n[:k] + enc(tok, " obs") for c, n, k in zip(first, new, (2, 5, 8))]
         fed.clear()
         seen["cb"].clear()
-        hf = hf_generator(model, tok, max_new_tokens=8, do_sample=False, logits_processor=[recorder("hf")])
+        hf = hf_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False,
+                          logits_processor=[recorder("hf")])
         assert cb(second) == hf(second)
     finally:
         model.forward = forward
@@ -201,8 +202,8 @@ def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
         return scores
 
     torch.manual_seed(0)
-    cb = cb_generator(model, tok, max_new_tokens=24, temperature=0.7, top_p=0.5, batch_size=3,
-                      logits_processor=[record])
+    cb = cb_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, temperature=0.7, top_p=0.5,
+                      batch_size=3, logits_processor=[record])
     contexts = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi")] * 2
     new = cb(contexts)
     from transformers import GenerationConfig
@@ -233,7 +234,7 @@ def test_cb_processes_logits_as_hf_generate(tok, model, do_sample):
     m = copy.deepcopy(model)
     m.generation_config.top_k, m.generation_config.repetition_penalty = 20, 1.05
     extra = eos_bias(tok, 0.5)
-    gen_cfg = hf_generator(m, tok, temperature=0.7, top_p=0.9, do_sample=do_sample).gen_cfg
+    gen_cfg = hf_generator(m, tok, stop_strings=STOP_STRINGS, temperature=0.7, top_p=0.9, do_sample=do_sample).gen_cfg
     hf = m._get_logits_processor(m._prepare_generation_config(gen_cfg)[0], input_ids_seq_length=5,
                                  logits_processor=extra, device="cpu")
     g = torch.Generator().manual_seed(0)
@@ -262,9 +263,9 @@ def test_bad_generator_is_one_line(capsys):
 def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
     m = copy.deepcopy(model)
     m.generation_config.eos_token_id = [7, 9]  # e.g. Qwen2.5-Instruct: <|im_end|> and <|endoftext|>
-    assert hf_generator(m, tok).eos_ids == {7, 9, tok.eos_token_id}
+    assert hf_generator(m, tok, stop_strings=STOP_STRINGS).eos_ids == {7, 9, tok.eos_token_id}
     m.generation_config.eos_token_id = None
-    assert hf_generator(m, tok).eos_ids == {tok.eos_token_id}
+    assert hf_generator(m, tok, stop_strings=STOP_STRINGS).eos_ids == {tok.eos_token_id}
 
 
 
@@ -286,8 +287,8 @@ def test_p16_no_out_of_tokenizer_ids(tok, model, engine):
 
     torch.manual_seed(0)
     rows = [{"question": q, "golden_answers": ["Paris"]} for q in (Q1, Q2)]
-    eps = rollout(engine(model, tok, max_new_tokens=48, temperature=1.0, top_p=1.0), tok, rows,
-                  FakeRetriever(), group_size=8, max_turns=1)
+    eps = rollout(engine(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=48, temperature=1.0, top_p=1.0), tok,
+                  rows, FakeRetriever(), group_size=8, max_turns=1)
     sampled = [t for e in eps for t, m in zip(e.response_ids, e.loss_mask) if m == 1]
     assert len(sampled) > 500
     assert max(sampled) < n_tok
@@ -321,7 +322,7 @@ def test_p17_checkpoint_generation_config_ignored(tok, model):
 def test_decoding_on_cuda_leaves_out_cudnn_attention_and_restores_it():
     """The GPU check found cuDNN's sdpa at 55% of a decode step's CPU time (a graph per cache width): the engines
     decode on CUDA with sdpa's other backends; the flags come back on exit, and a CPU context changes nothing."""
-    from engine import decode_attention
+    from machinery.engine import decode_attention
 
     flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
              torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)

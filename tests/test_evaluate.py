@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import evaluate as E  # noqa: E402
-import paper  # noqa: E402
-from data import DEMO_CORPUS, load_questions  # noqa: E402
-from engine import hf_generator  # noqa: E402
+from machinery import paper  # noqa: E402
+from machinery.data import DEMO_CORPUS, load_questions  # noqa: E402
+from machinery.engine import hf_generator  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
-from rollout import em_check, rollout  # noqa: E402
+from rollout import STOP_STRINGS, em_check, rollout  # noqa: E402
 from test_rollout import ScriptedPolicy, hit  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
@@ -80,7 +80,7 @@ def test_rollout_records_what_the_retriever_returned():
     def enc(s):
         return tok.encode(s, add_special_tokens=False)
     script = {q: [enc("<search> Eve Beglarian composer </search>"), enc("Doc 9(Title: Fake) <answer> yes </answer>")]}
-    generate = hf_generator(build_model(tok, seed=0), tok, max_new_tokens=40,
+    generate = hf_generator(build_model(tok, seed=0), tok, stop_strings=STOP_STRINGS, max_new_tokens=40,
                             logits_processor=[ScriptedPolicy(tok, script)])
     bm25 = BM25Retriever(corpus)
     ep, = rollout(generate, tok, [{"question": q, "golden_answers": ["yes"]}], bm25.search, group_size=1, max_turns=2,

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 import hang  # noqa: E402
 import fsdp_update  # noqa: E402
 from test_train import QUESTIONS, SMALL  # noqa: E402
-from data import DEMO_CORPUS  # noqa: E402
+from machinery.data import DEMO_CORPUS  # noqa: E402
 from tiny import save_tiny  # noqa: E402
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -103,7 +103,7 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
             assert a == b if not isinstance(a, float) else a == pytest.approx(b, abs=1e-6, rel=0), k
     assert full[0]["rollout/response_tokens"] > 0 and (tmp_path / "full" / "rollouts_step1.jsonl").exists()
 
-    from policy import load_policy  # the sharded run's checkpoint is a plain model folder
+    from machinery.policy import load_policy  # the sharded run's checkpoint is a plain model folder
 
     final = tmp_path / "full" / "checkpoints" / "step_000003"
     loaded, _, _ = load_policy(str(final), "float32", "cpu")
@@ -112,8 +112,8 @@ def test_fsdp_train_runs_saves_and_resumes_exactly(tmp_path):
 
 
 def test_the_demo_destroys_its_group_before_finalisation(tmp_path):
-    """`python fsdp.py` (the concept file's demo): by the time the exit hook (fsdp._release_process_group) has run, no
-    gloo thread is left. With the demo's names as module globals the sharded model outlived the hook, the group and its
+    """`python -m machinery.fsdp` (its demo): by the time the exit hook (fsdp._release_process_group) has run, no gloo
+    thread is left. With the demo's names as module globals the sharded model outlived the hook, the group and its
     threads lived into interpreter finalisation, and one CI run in many died there with SIGABRT ('terminate called
     without an active exception'); that race is rare, the threads left behind are certain, so this checks them."""
     probe = tmp_path / "probe.py"
@@ -129,7 +129,7 @@ def test_the_demo_destroys_its_group_before_finalisation(tmp_path):
         "    return sorted(n for n in names if 'gloo' in n)\n"
         "atexit.register(lambda: print('after the exit hook:', gloo_threads()))  # atexit is LIFO: this runs last\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        f"runpy.run_path({str(ROOT / 'fsdp.py')!r}, run_name='__main__')\n")
+        "runpy.run_module('machinery.fsdp', run_name='__main__', alter_sys=True)\n")
     if not Path("/proc/self/task").is_dir():
         pytest.skip("needs Linux /proc to list threads")
     r = hang.run([sys.executable, str(probe)], cwd=ROOT, capture_output=True, text=True)

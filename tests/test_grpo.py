@@ -556,7 +556,7 @@ def test_train_two_steps_gspo_with_llds(tmp_path, monkeypatch):
     """--policy-loss gspo --llds 0.2: two steps of the real loop on the tiny model; grpo_loss gets the flags and LLDS,
     a separate term added in train.update, is live (a non-zero gate on the off-policy second mini-batch)."""
     import train
-    from data import DEMO_CORPUS
+    from machinery.data import DEMO_CORPUS
     from tiny import save_tiny
 
     questions = [{"question": q, "golden_answers": [a], "data_source": "toy"}

@@ -1,5 +1,5 @@
 """The first test that shows learning, not only mechanics: a short GRPO run in the search world raises the sampled
-reward on held-out people above the warm start's, by searching more (docs/spiral.md, third grid: there in every seed
+reward on held-out people above the warm start's, by searching more (results/spiral/grid3.md: there in every seed
 of the cell; here one seed, to keep the suite within 10 minutes: seed 1 learned too, +0.06, when last measured).
 
 The warm start is lab/world0_policy: the 0.65M-parameter policy that

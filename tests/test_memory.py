@@ -14,8 +14,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "gpu"))
 
 import hang  # noqa: E402
-from memory import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
-from memory import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
+from machinery.memory import GiB, context_tokens, free_memory, gen_batch_size_auto, kv_bytes_per_token, memory_plan  # noqa: E402
+from machinery.memory import layer_activation_bytes, row_bytes, static_memory, update_activation_bytes, update_plan  # noqa: E402
 from memory_plan import meta_model  # noqa: E402
 from train import parse_args  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_memory_plan_for_3b_on_an_80_gb_card():
 
 
 def test_the_demo_prints_the_3b_plan_of_its_comments():
-    out = hang.run([sys.executable, "memory.py"], cwd=ROOT, capture_output=True, text=True)
+    out = hang.run([sys.executable, "-m", "machinery.memory"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "context 3756 | KV bytes/token 36864 | row bytes 400645008"

@@ -13,7 +13,7 @@ TABLES = ROOT / "tests" / "fixtures" / "paper_tables.md"
 
 import hang  # noqa: E402
 import evaluate as E  # noqa: E402
-import paper  # noqa: E402
+from machinery import paper  # noqa: E402
 
 
 def test_paper_rows_are_self_consistent():
@@ -103,7 +103,7 @@ def test_compare_paper_picks_the_row_from_the_runs_args(tmp_path):
 def test_the_demo_lists_every_row():
     import subprocess
 
-    out = hang.run([sys.executable, "paper.py"], cwd=ROOT, capture_output=True, text=True)
+    out = hang.run([sys.executable, "-m", "machinery.paper"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == len(paper.PAPER) and sum("recipe:" in line for line in lines) == len(paper.RECIPES)

@@ -65,6 +65,36 @@ def test_plot_two_runs_writes_a_png(tmp_path):
         P.plot_runs([a, b], tmp_path / "x.png", labels=["one"])
 
 
+def test_bands_draw_each_settings_mean_and_range(tmp_path, monkeypatch):
+    """--bands (README's figure): per label one line, the mean over its runs, and one band, their min-max range, on
+    reward and on the fixed correct responses' likelihood; the legend names what the line and the band are."""
+    runs = []
+    for i, (llds, drop) in enumerate([(0, 0.0), (0, 0.5), (0.2, 0.0), (0.2, 0.2)]):
+        run = fake_run(tmp_path / f"r{i}", steps=10, llds=llds)
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for m in lines:
+            m["probe/dlogp_correct"] = -drop * m["step"]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        runs.append(run)
+    import matplotlib.axes
+
+    drawn, real_plot, real_fill = [], matplotlib.axes.Axes.plot, matplotlib.axes.Axes.fill_between
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, x, y, *a, **kw: drawn.append(
+        ("line", ax.get_title() or None, kw.get("label"), list(y))) or real_plot(ax, x, y, *a, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", lambda ax, x, lo, hi, *a, **kw: drawn.append(
+        ("band", None, None, (list(lo), list(hi)))) or real_fill(ax, x, lo, hi, *a, **kw))
+    out = P.plot_bands(runs, ["GRPO", "GRPO", "LLDS", "LLDS"], tmp_path / "bands.png")
+    assert png_size(out)[0] > 1000
+    lines = [d for d in drawn if d[0] == "line"]
+    assert [d[2] for d in lines] == ["GRPO: mean of 2 runs, band min-max", "LLDS: mean of 2 runs, band min-max"] * 2
+    probe_grpo, probe_llds = lines[2][3], lines[3][3]
+    assert probe_grpo[-1] == pytest.approx(-2.5, rel=1e-12) and probe_llds[-1] == pytest.approx(-1.0, rel=1e-12)
+    lo, hi = [d[3] for d in drawn if d[0] == "band"][2]  # the probe panel, GRPO: drops 0 and 0.5 a step
+    assert lo[-1] == pytest.approx(-5.0, rel=1e-12) and hi[-1] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="3 labels for 4 runs"):
+        P.plot_bands(runs, ["a", "b", "c"], tmp_path / "x.png")
+
+
 def test_plot_command_default_path_and_bad_run_dirs(tmp_path):
     run = fake_run(tmp_path / "old", steps=12, with_delta=False)  # an old run: no delta_correct at all
     r = hang.run([sys.executable, "scripts/plot_run.py", str(run)], cwd=ROOT, capture_output=True, text=True)

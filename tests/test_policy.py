@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
-import policy  # noqa: E402
-from data import DEMO_CORPUS  # noqa: E402
-from engine import hf_generator  # noqa: E402
-from policy import batch_logp, collate, enable_grad_ckpt, load_policy, response_logp, safetensors_problem  # noqa: E402
+from machinery import policy  # noqa: E402
+from machinery.data import DEMO_CORPUS  # noqa: E402
+from machinery.engine import hf_generator  # noqa: E402
+from machinery.policy import batch_logp, collate, enable_grad_ckpt, load_policy, response_logp, safetensors_problem  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
-from rollout import rollout  # noqa: E402
+from rollout import STOP_STRINGS, rollout  # noqa: E402
 from test_train import QUESTIONS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_missing_path_and_a_non_gguf_file(tmp_path):
 
 
 def test_a_run_folder_loads_its_newest_checkpoint(tiny, tmp_path):
-    import checkpoint
+    from machinery import checkpoint
 
     for step in (1, 2):
         checkpoint.save(tmp_path, step, lambda folder: shutil.copytree(tiny, folder, dirs_exist_ok=True))
@@ -130,7 +130,7 @@ def test_a_run_folder_loads_its_newest_checkpoint(tiny, tmp_path):
 
 
 def test_p17_logp_from_logits_divides_logits_by_temperature():
-    from policy import logp_from_logits
+    from machinery.policy import logp_from_logits
     from torch.testing import assert_close
 
     g = torch.Generator().manual_seed(0)
@@ -152,7 +152,7 @@ def test_p17_logp_from_logits_divides_logits_by_temperature():
 
 
 def test_logp_and_entropy_from_one_log_softmax():
-    from policy import logp_and_entropy_from_logits, logp_from_logits
+    from machinery.policy import logp_and_entropy_from_logits, logp_from_logits
 
     logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
     targets = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
@@ -166,7 +166,7 @@ def test_response_logp_agrees_with_the_plain_computation():
     """The memory-lean response_logp (all-padding columns cut, only the response positions' logits, chunked
     log-softmax, checkpointed entropy) gives the same logp [b, T] as response_logp_plain (the full forward, one
     log-softmax), for a micro-batch of mixed prompt and response lengths, at temperature 0.7, and its gradient too."""
-    from policy import collate, response_logp, response_logp_plain
+    from machinery.policy import collate, response_logp, response_logp_plain
     from rollout import Episode
 
     tok = build_tokenizer()
@@ -212,7 +212,7 @@ def test_p17_p18_ratio_is_exactly_one_with_lr_zero(temperature, amp):
 
 
 def _ratio_is_one(model, tok, temperature):
-    generate = hf_generator(model, tok, max_new_tokens=12, temperature=temperature, top_p=1.0)
+    generate = hf_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=12, temperature=temperature, top_p=1.0)
     eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=2, max_turns=1,
                   max_obs_tokens=40)
     batch = collate(eps, tok.pad_token_id)
@@ -233,7 +233,7 @@ def test_the_log_prob_passes_use_the_updates_micro_batches(monkeypatch):
     exactly on-policy). Now every pass makes the update's micro-batches, and gives its floats."""
     tok = build_tokenizer()
     model = build_model(tok, seed=0)
-    generate = hf_generator(model, tok, max_new_tokens=12, temperature=1.0, top_p=1.0)
+    generate = hf_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=12, temperature=1.0, top_p=1.0)
     eps = rollout(generate, tok, QUESTIONS[:2], BM25Retriever(DEMO_CORPUS).search, group_size=4, max_turns=1,
                   max_obs_tokens=40)
     batch, made, real = collate(eps, tok.pad_token_id), [], policy.response_logp
@@ -245,8 +245,8 @@ def test_the_log_prob_passes_use_the_updates_micro_batches(monkeypatch):
     assert torch.equal(logp, update_own)  # exact: the same rows padded together, the same forward
     made.clear()
     skipped = batch_logp(model, batch, 4, 1.0, len(tok), start=6, mini_batch_size=6)  # train.py's old pass
-    assert [(r.start, r.stop) for r in made] == [(6, 8)] and skipped[:6].isnan().all()
-    assert torch.equal(skipped[6:], logp[6:])  # exact: the same forward
+    assert [(r.start, r.stop) for r in made] == [(6, 8)] and skipped.shape[0] == 2
+    assert torch.equal(skipped, logp[6:])  # exact: the same forward
 
 
 def test_p18_load_policy_turns_dropout_off(tmp_path):
@@ -373,22 +373,28 @@ def test_grad_ckpt_same_gradient_and_really_recomputes():
 
 
 def test_policy_py_runs_alone(tiny):
-    """`python policy.py MODEL`: checks and loads the folder and says what it is; a broken folder is one line."""
-    r = hang.run([sys.executable, "policy.py", str(tiny)], cwd=ROOT, capture_output=True, text=True)
+    """`python -m machinery.policy MODEL`: checks and loads the folder and says what it is; a broken folder is one line."""
+    r = hang.run([sys.executable, "-m", "machinery.policy", str(tiny)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1].startswith("Qwen2ForCausalLM: 0.2M parameters, 816 embedding rows, "
                                                         "tokenizer 800 tokens")
-    r = hang.run([sys.executable, "policy.py", str(tiny / "nope")], cwd=ROOT, capture_output=True, text=True)
+    r = hang.run([sys.executable, "-m", "machinery.policy", str(tiny / "nope")], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == (f"error: --model {tiny / 'nope'}: no such folder or file (pass a hub id, a model "
                                 "folder or a .gguf)")
 
 
-def test_a_busy_cpu_gets_one_line_about_threads():
-    from policy import busy_cpu_note
+def test_a_busy_cpu_gets_one_line_about_threads(monkeypatch):
+    from machinery.policy import BUSY_NOTED, busy_cpu_note
 
+    monkeypatch.delenv(BUSY_NOTED, raising=False)
+    assert busy_cpu_note(load=0.3, cores=2, threads=2) is None  # idle: torch's default is right
+    assert busy_cpu_note(load=5.2, cores=2, threads=1) is None  # one thread already (spiral.py's runs, the benchmarks)
     note = busy_cpu_note(load=5.2, cores=2, threads=2)
     assert note.startswith("note: this machine is busy (load 5.2 on 2 cores) and torch runs 2 threads")
     assert "OMP_NUM_THREADS" in note and "\n" not in note
-    assert busy_cpu_note(load=0.3, cores=2, threads=2) is None  # idle: torch's default is right
-    assert busy_cpu_note(load=5.2, cores=2, threads=1) is None  # one thread already (spiral.py's runs, the benchmarks)
+    assert busy_cpu_note(load=5.2, cores=2, threads=2) is None  # said once a command: its child processes inherit
+    r = hang.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from machinery.policy import "
+                  "busy_cpu_note; print(busy_cpu_note(load=5.2, cores=2, threads=2))"], cwd=ROOT,
+                 capture_output=True, text=True)
+    assert r.stdout.strip() == "None", r.stderr[-2000:]

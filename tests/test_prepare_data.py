@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import hang  # noqa: E402
 from prepare_data import build, main  # noqa: E402
-from data import load_corpus, load_questions  # noqa: E402
+from machinery.data import load_corpus, load_questions  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"

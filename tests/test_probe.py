@@ -14,7 +14,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 import hang  # noqa: E402
 from grpo import grpo_loss  # noqa: E402
-from policy import batch_logp  # noqa: E402
+from machinery.policy import batch_logp  # noqa: E402
 from probe import _batch, delta_probe, group_delta, probe_stats, wilson  # noqa: E402
 from test_train import files, same_value, train_in_process  # noqa: E402, F401  (files: the tiny model and questions)
 from tiny import build_model, build_tokenizer  # noqa: E402
@@ -102,7 +102,7 @@ def test_group_delta_is_one_sgd_step_by_hand_and_llds_is_inert_on_it():
     mask = batch["loss_mask"]
     old = batch_logp(by_hand, batch, 4, 1.0, vocab)
     adv = (reward - reward.mean()) / (reward.std() + 1e-6)  # [1, -1, 1, -1] x 0.866
-    from policy import response_logp
+    from machinery.policy import response_logp
     logp, _ = response_logp(by_hand, batch, slice(None), 1.0, vocab)
     loss, _ = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0, entropy_coef=0.0)
     loss.backward()

@@ -20,9 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-import bm25  # noqa: E402
+from machinery import bm25  # noqa: E402
 import hang  # noqa: E402
-from data import load_corpus  # noqa: E402
+from machinery.data import load_corpus  # noqa: E402
 from retrieval_server import MAX_REQUEST_BYTES, make_server  # noqa: E402
 from retriever import BM25Retriever, RemoteRetriever, make_retriever  # noqa: E402
 from test_retriever import TOY, compiled_sized_corpus, write_lines  # noqa: E402

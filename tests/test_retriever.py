@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import retriever as retriever_module  # noqa: E402
-from bm25 import BM25_VARIANTS, DEFAULT_ANALYZER, SparseBM25  # noqa: E402
-from checkpoint import io_errors_stop_the_run  # noqa: E402
-from data import load_corpus  # noqa: E402
+from machinery.bm25 import BM25_VARIANTS, DEFAULT_ANALYZER, SparseBM25  # noqa: E402
+from machinery.checkpoint import io_errors_stop_the_run  # noqa: E402
+from machinery.data import load_corpus  # noqa: E402
 from retriever import (  # noqa: E402
     BadAnswer, BM25Retriever, RemoteRetriever, index_cache_file, load_index, make_retriever,
 )
@@ -229,7 +229,7 @@ def test_concurrent_first_searches_compile_once_and_all_answer(tmp_path):
             return _njit(*args, **kwargs)
         numba.njit = slow_njit
         from retriever import BM25Retriever
-        from data import load_corpus
+        from machinery.data import load_corpus
         retriever, queries = BM25Retriever(load_corpus({str(compiled_sized_corpus(tmp_path))!r})), sys.argv[1:]
         start, results, errors = threading.Barrier(16), {{}}, [retriever.analyze(q) for q in queries][:0]  # (nltk)
 

@@ -23,11 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import rollout as R  # noqa: E402
-from data import DEMO_CORPUS, load_corpus  # noqa: E402
-from engine import hf_generator  # noqa: E402
+from machinery.data import DEMO_CORPUS, load_corpus  # noqa: E402
+from machinery.engine import hf_generator  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 from rollout import (  # noqa: E402
     INVALID_ACTION,
+    STOP_STRINGS,
     Episode,
     OBS_HEAD,
     OBS_TAIL,
@@ -140,7 +141,7 @@ def run(model, tok, scripts, golds, retriever=None, **kw):
     gen = {k: kw.pop(k) for k in GEN_KW if k in kw}
     gen.setdefault("max_new_tokens", 40)
     kw.setdefault("group_size", 1)
-    generate = hf_generator(model, tok, logits_processor=[policy], **gen)
+    generate = hf_generator(model, tok, stop_strings=STOP_STRINGS, logits_processor=[policy], **gen)
     eps = rollout(generate, tok, rows, retriever or FakeRetriever(), **kw)
     return eps, policy
 
@@ -534,7 +535,7 @@ def test_p9_final_turn_ending_on_eos(tok, model):
 
 
 def test_p9_searchr1_pad_value_mask_erases_eos(model):
-    from policy import collate
+    from machinery.policy import collate
 
     tok = build_tokenizer()
     tok.pad_token = tok.eos_token  # Qwen base: pad == eos
@@ -734,7 +735,7 @@ def test_valid_search_count_includes_the_final_turns_search_and_sets_the_ma_beta
     dp_actor.py:275-277 averages it). A trajectory that searches in its only search turn and again in the final turn
     has V = 2, executed searches 1: the "code" schedule gives beta = clip(V - 1, 0, 1) = 1 for a batch of it, where the
     executed count gives 0 and switches the answer span off."""
-    import policy
+    from machinery import policy
     import train
 
     s = enc(tok, "<search> Paris </search>")
@@ -889,7 +890,7 @@ def test_make_prompt(tok):
 
 def test_rollout_rejects_row_without_gold(tok, model):
     with pytest.raises(ValueError, match="golden_answers"):
-        rollout(hf_generator(model, tok), tok, [{"question": Q1}], FakeRetriever(), group_size=1)
+        rollout(hf_generator(model, tok, stop_strings=STOP_STRINGS), tok, [{"question": Q1}], FakeRetriever(), group_size=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_wrong_demonstrations_answer_another_value_of_the_same_kind(world, tok, 
 
 
 def test_saved_policy_loads_as_train_py_loads_it(tok, tmp_path):
-    from policy import load_policy
+    from machinery.policy import load_policy
 
     model = S.build_model(tok, layers=1, hidden=32)
     model.save_pretrained(tmp_path)

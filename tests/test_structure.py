@@ -14,28 +14,32 @@ import hang
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
-# Lines per top-level file: 450, but train.py 560: unpacked (issue 41), it no longer packs lines past 100 columns to
+MODULES = sorted(p.stem for p in ROOT.glob("*.py"))  # the paper's concepts, and probe.py: its instrument
+MACHINERY = sorted(f"machinery.{p.stem}" for p in (ROOT / "machinery").glob("*.py") if p.stem != "__init__")
+# Lines per file: 450, but train.py 560: unpacked (issue 41), it no longer packs lines past 100 columns to
 # meet a cap (556 lines, from 472 packed; test_train_py_code_lines_fit_100_columns)
 CAPS = {"train": 560}
-GRAPH = {  # file -> the top-level files it imports (anywhere in it: its demo included)
-    "train": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "memory", "policy", "probe", "retriever",
-              "rollout", "tracking"},
-    "probe": {"checkpoint", "data", "engine", "fsdp", "grpo", "llds", "policy", "retriever", "rollout"},
-    "evaluate": {"checkpoint", "data", "engine", "paper", "policy", "retriever", "rollout"},
-    "engine": {"rollout"},
-    "policy": {"checkpoint"},
-    "retriever": {"bm25", "data", "rollout"},  # rollout: the CLI shows hits as the model sees them (format_passages)
-    "rollout": {"data"},  # the demo's 5 passages
-    "bm25": set(),  # and its compiled search, bm25_numba/topk.py (ROOMS)
-    "grpo": set(), "llds": set(), "data": set(), "checkpoint": set(), "tracking": set(), "fsdp": set(),
-    "memory": set(), "paper": set(),
+M = "machinery."
+GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywhere in it: its demo included)
+    "train": {"grpo", "llds", "probe", "retriever", "rollout", *(M + m for m in (
+        "checkpoint", "data", "engine", "fsdp", "memory", "policy", "run", "tracking"))},
+    "probe": {"grpo", "llds", "retriever", "rollout", *(M + m for m in (
+        "checkpoint", "data", "engine", "fsdp", "policy"))},
+    "evaluate": {"retriever", "rollout", *(M + m for m in ("checkpoint", "data", "engine", "paper", "policy"))},
+    "retriever": {"rollout", M + "bm25", M + "data"},  # rollout: the CLI shows hits as the model sees them
+    "rollout": {M + "data"},  # the demo's 5 passages
+    "grpo": set(), "llds": set(),
+    M + "policy": {M + "checkpoint"},
+    M + "bm25": set(),  # and its compiled search, machinery/bm25_numba/topk.py
+    M + "run": {M + "checkpoint", M + "fsdp"},
+    **{M + m: set() for m in ("checkpoint", "data", "engine", "fsdp", "memory", "paper", "tracking")},
 }
 # The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
 # puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).
-# Each file of a room is run by its path (`python lab/spiral.py`); bm25_numba is a package, imported by bm25.py alone.
+# Each file of a tool room is run by its path (`python lab/spiral.py`); machinery is a package, imported as one.
 ROOMS = {
-    "bm25_numba": ("BM25's compiled search (topk.py, numba): part of bm25.py, not a concept of its own", set()),
+    "machinery": ("what the concepts run on: data, BM25, decoding engines, the policy's passes, checkpoints, FSDP, "
+                  "the memory plan, tracking (engine.py's demo: the tests' tiny model)", {"tests"}),
     "scripts": ("the commands around train.py: make the data, serve retrieval, plot a run", set()),
     "lab": ("the search world, its warm starts (world0_policy/: the committed one) and the spiral grid", {"scripts"}),
     "course": ("the course kit: a student copy, its grader and the grader's plugin", {"tests"}),
@@ -43,39 +47,43 @@ ROOMS = {
     "gpu": ("what a GPU user runs first: the memory plan and the GPU check", {"benchmarks", "lab", "tests"}),
     "tests": ("the suite, its fixtures, the course's planted mistakes and the helpers (tiny.py, hang.py)", set()),
 }
-LIBRARY = [*(ROOT / f"{m}.py" for m in MODULES), *sorted((ROOT / "bm25_numba").glob("*.py"))]  # what train.py runs
+LIBRARY = [*(ROOT / f"{m}.py" for m in MODULES), *(ROOT / f"{m.replace('.', '/')}.py" for m in MACHINERY),
+           *sorted((ROOT / "machinery" / "bm25_numba").glob("*.py"))]  # what train.py runs
 # a course copy (course/make_assignment.py) holds the rooms less the kit itself, course/
 HELD_BACK = set() if (ROOT / "tests" / "course").is_dir() else {"course"}
 
 
 def imports(module: str) -> set[str]:
-    tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+    """The files of the root and of machinery/ that `module` ("train", "machinery.policy") imports."""
+    tree = ast.parse((ROOT / f"{module.replace('.', '/')}.py").read_text(encoding="utf-8"))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names & set(MODULES)
+            names |= {f"machinery.{a.name}" for a in node.names} if node.module == "machinery" else {node.module}
+    return names & set(GRAPH)
 
 
 def test_import_graph():
-    assert set(MODULES) == set(GRAPH), "a top-level file was added or removed: give it its place in GRAPH"
-    got = {m: imports(m) for m in MODULES}
+    assert set(MODULES) | set(MACHINERY) == set(GRAPH), "a file was added or removed: give it its place in GRAPH"
+    got = {m: imports(m) for m in GRAPH}
     assert got == GRAPH
     assert not any("train" in deps for deps in got.values())
+    climbs = {m: deps & set(MODULES) for m, deps in got.items() if m.startswith(M) and deps & set(MODULES)}
+    assert not climbs, f"machinery imports a concept file (it is imported by them, never the other way): {climbs}"
     third_party = {m: {n.split(".")[0] for node in ast.walk(ast.parse((ROOT / f"{m}.py").read_text()))
                        if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "level", 0) == 0
                        for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module])}
                    for m in ("grpo", "llds", "rollout")}
     assert third_party["grpo"] == third_party["llds"] == {"torch"}  # the losses: torch only
-    assert "transformers" not in third_party["rollout"]  # engines are callables: engine.py holds the HF one
+    assert "transformers" not in third_party["rollout"]  # engines are callables: machinery/engine.py holds them
 
     def visit(m, path):  # depth-first: a module met again on its own path is a cycle
         assert m not in path, " -> ".join([*path, m])
         for d in GRAPH[m]:
             visit(d, [*path, m])
-    for m in MODULES:
+    for m in GRAPH:
         visit(m, [])
 
 
@@ -139,21 +147,22 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
 
 def test_a_metric_without_a_reduction_is_an_error():
     import train
+    from machinery.run import add_metrics, mean_metrics
 
-    acc = {}  # two micro-batches of 3 and 1 loss tokens: a token mean weighs them 3:1, sums add, maxima take the larger
-    train.add_metrics(acc, {"grpo/pg_loss": 0.25, "grpo/tokens": 3.0, "grpo/clip_frac": 0.5, "grpo/ratio_max": 2.0})
-    train.add_metrics(acc, {"grpo/pg_loss": 0.25, "grpo/tokens": 1.0, "grpo/clip_frac": 0.1, "grpo/ratio_max": 3.0})
-    assert train.mean_metrics(acc) == pytest.approx({"grpo/pg_loss": 0.5, "grpo/tokens": 4.0, "grpo/clip_frac": 0.4,
-                                                     "grpo/ratio_max": 3.0}, rel=1e-12, abs=0)
+    acc, R = {}, train.REDUCE  # two micro-batches of 3 and 1 loss tokens: a token mean weighs them 3:1, sums add
+    add_metrics(acc, {"grpo/pg_loss": 0.25, "grpo/tokens": 3.0, "grpo/clip_frac": 0.5, "grpo/ratio_max": 2.0}, R)
+    add_metrics(acc, {"grpo/pg_loss": 0.25, "grpo/tokens": 1.0, "grpo/clip_frac": 0.1, "grpo/ratio_max": 3.0}, R)
+    assert mean_metrics(acc, R) == pytest.approx({"grpo/pg_loss": 0.5, "grpo/tokens": 4.0, "grpo/clip_frac": 0.4,
+                                                  "grpo/ratio_max": 3.0}, rel=1e-12, abs=0)  # maxima: the larger
     with pytest.raises(KeyError, match="'grpo/new_term' has no reduction: add it to grpo.REDUCE or llds.REDUCE"):
-        train.add_metrics(acc, {"grpo/new_term": 1.0})
+        add_metrics(acc, {"grpo/new_term": 1.0}, R)
     with pytest.raises(KeyError, match="'llds/gate_rate' is a mean weighted by 'llds/units', which the same metrics"):
-        train.add_metrics(acc, {"llds/gate_rate": 0.5})  # e.g. a course llds_loss that leaves its weight out
+        add_metrics(acc, {"llds/gate_rate": 0.5}, R)  # e.g. a course llds_loss that leaves its weight out
 
 
 def test_every_library_file_is_short_and_unpacked():
     """One concept per file keeps each file short; a cap met by packing lines defeats its purpose, hence both limits.
-    The library: the top-level files and bm25.py's compiled search (bm25_numba/topk.py)."""
+    The library: the top-level files and machinery/ (bm25.py's compiled search, bm25_numba/topk.py, included)."""
     for path in LIBRARY:
         lines = path.read_text(encoding="utf-8").splitlines()
         name = path.relative_to(ROOT)
@@ -188,14 +197,14 @@ def test_rooms_say_what_they_hold():
 
 
 def test_rooms_import_down_and_never_back():
-    """Each room imports the rooms ROOMS says (no cycle among them); of the top-level files only bm25.py imports a
-    room, its compiled search, and engine.py's demo the tests' tiny model: the library never reaches into scripts/,
-    the lab, the course, the benchmarks or gpu/."""
+    """Each room imports the rooms ROOMS says (no cycle among them); the top-level files import machinery/ alone, and
+    machinery/ only the tests' tiny model (engine.py's demo): the library never reaches into scripts/, the lab, the
+    course, the benchmarks or gpu/."""
     got = {room: set() for room in set(ROOMS) - HELD_BACK}
     for room in got:
         for path in (ROOT / room).glob("*.py"):
             if not path.stem.startswith(("test_", "conftest")):
-                got[room] |= room_imports(path) - {room}
+                got[room] |= room_imports(path) - {room, "machinery"}  # the library, as the root's files
     assert got == {room: deps for room, (_, deps) in ROOMS.items() if room in got}
 
     def visit(room, path):
@@ -205,5 +214,4 @@ def test_rooms_import_down_and_never_back():
     for room in ROOMS:
         visit(room, [])
     top = {m: room_imports(ROOT / f"{m}.py") for m in MODULES}
-    assert {m: rooms for m, rooms in top.items() if rooms} == {"bm25": {"bm25_numba"}, "engine": {"tests"}}
-
+    assert {m: rooms for m, rooms in top.items() if rooms - {"machinery"}} == {}

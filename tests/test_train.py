@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
-from data import DEMO_CORPUS  # noqa: E402
+from machinery.data import DEMO_CORPUS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
-import memory  # noqa: E402
-import policy  # noqa: E402
-from policy import batch_logp, collate, load_policy  # noqa: E402
+from machinery import memory  # noqa: E402
+from machinery import policy  # noqa: E402
+from machinery.policy import batch_logp, collate, load_policy  # noqa: E402
 from rollout import longest_prompt  # noqa: E402
 from train import parse_args  # noqa: E402
 
@@ -187,9 +187,9 @@ def test_prompts_per_step_above_the_question_count_is_an_error(files):
         train_in_process(files, files["dir"] / "too_many", "--steps", "1", "--prompts-per-step", "8")
 
 
-@pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py", "fsdp.py"])
+@pytest.mark.parametrize("script", ["retriever.py", "rollout.py", "grpo.py", "llds.py", "-m machinery.fsdp"])
 def test_concept_file_runs_alone(script):
-    r = run(script)
+    r = run(*script.split())
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip()
 
@@ -395,7 +395,7 @@ def test_amp_every_log_prob_pass_uses_the_current_weights(files, monkeypatch):
         return model, tok, device
 
     monkeypatch.setattr(train, "load_policy", load_and_watch)
-    monkeypatch.setattr("policy.load_policy", load_and_watch)  # the reference is loaded through it
+    monkeypatch.setattr("machinery.policy.load_policy", load_and_watch)  # the reference is loaded through it
     train_in_process(files, files["dir"] / "amp_fresh", "--steps", "1", "--amp", "bf16", "--lr", "1e-2",
                      "--probe-questions", "0")  # the probe's passes: tests/test_probe.py
     # 8 trajectories in micro-batches of 2: old (the second mini-batch only: the first's are the update's own
@@ -472,7 +472,7 @@ def test_bm25_and_retriever_timeout_flags_reach_the_retriever(files, monkeypatch
 
 
 def test_gen_batch_size_auto_prints_the_plan_and_sizes_the_generate_calls(files, monkeypatch, capsys):
-    import engine
+    from machinery import engine
     import train
 
     sizes = []
@@ -570,8 +570,8 @@ def test_update_metrics_are_the_same_for_micro_batches_of_1_3_and_7_rows(gate):
         model = build_model(tok, seed=0)
         args = parse_args(["--micro-batch-size", str(micro), "--mini-batch-size", "7", "--llds", "0.1",
                            "--llds-gate", gate, "--kl-coef", "0.01", "--device", "cpu"])
-        per_mini, _, _ = update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch, old_logp, ref_logp,
-                                adv, None, args, len(tok), mini_batch_size=7)
+        per_mini, *_ = update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch, old_logp, ref_logp,
+                              adv, None, args, len(tok), mini_batch_size=7)
         logged[micro] = per_mini[0]
     assert set(logged[1]) == set(logged[3]) == set(logged[7])
     for key in logged[7]:  # float32 forward passes of differently padded micro-batches agree to ~1e-6
@@ -645,27 +645,27 @@ def test_report_to_a_tracker_that_is_not_installed_is_one_line():
 
 
 def test_the_skipped_old_pass_gives_the_same_run(files, monkeypatch):
-    """The old log-prob pass skips the first mini-batch: its rows are the update's own forward, detached, taken before
-    the first optimizer step (the rollout's policy). Against the same run with the separate pass over every row
-    (batch_logp from row 0): every metric (fp32: 1e-6) and the final weights are the same, with 2 mini-batches a step
+    """The old log-prob pass skips the first mini-batch: `update` takes its rows from its own forward, detached,
+    before the first optimizer step (the rollout's policy). Against the same run whose pass covers every row (update
+    then reads them all): every metric (fp32: 1e-6) and the final weights are the same, with 2 mini-batches a step
     (the second's old log-probs still from the pass) and with 1 (no pass at all)."""
     import train
     from safetensors.torch import load_file
 
-    real = train.batch_logp
+    real, shapes = train.logp_pass, []
     for mini in ("4", "8"):  # 8 trajectories a step: 2 mini-batches, then 1
         flags = ["--steps", "2", "--seed", "5", "--mini-batch-size", mini, "--probe-questions", "0"]
         skipped = train_in_process(files, files["dir"] / f"skip{mini}", *flags)
-        starts = []
 
-        def every_row(model, batch, micro, temperature, vocab, start=0, mini_batch=None):  # as logp_pass calls it
-            starts.append(start)
-            return real(model, batch, micro, temperature, vocab, 0, mini_batch)  # every row, as before
+        def every_row(*a, skip_first=False, **kw):  # the pass over every row, as the official code makes it
+            logp = real(*a, **kw)
+            shapes.append((skip_first, logp.shape[0]))
+            return logp
 
-        monkeypatch.setattr(train, "batch_logp", every_row)
+        monkeypatch.setattr(train, "logp_pass", every_row)
         full = train_in_process(files, files["dir"] / f"pass{mini}", *flags)
-        monkeypatch.setattr(train, "batch_logp", real)
-        assert any(s > 0 for s in starts), starts  # the skip was asked for, and overridden (it once was not: a78f5bb)
+        monkeypatch.setattr(train, "logp_pass", real)
+        assert (True, 8) in shapes  # the skip was asked for, and overridden: update got all 8 rows
         for a, b in zip(skipped, full, strict=True):
             keys = [k for k in a if not k.startswith("perf/")]
             assert keys == [k for k in b if not k.startswith("perf/")]
@@ -678,7 +678,7 @@ def test_the_skipped_old_pass_gives_the_same_run(files, monkeypatch):
 
 
 def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files, capsys):
-    import policy
+    from machinery import policy
 
     assert isinstance(policy.cpu_has_bf16(), bool)  # this machine's answer (torch.cpu's helpers), whichever it is
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)  # an AVX2 CPU: bf16 is emulated, ~8x slower

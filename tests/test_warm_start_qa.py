@@ -17,8 +17,8 @@ import hang  # noqa: E402
 import tiny  # noqa: E402
 import warm_start as S  # noqa: E402
 import warm_start_qa as Q  # noqa: E402
-from policy import autocast, load_policy  # noqa: E402
-from data import DEMO_CORPUS  # noqa: E402
+from machinery.policy import autocast, load_policy  # noqa: E402
+from machinery.data import DEMO_CORPUS  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 from rollout import format_passages, observation_ids, rollout  # noqa: E402
 

@@ -11,10 +11,10 @@ context a turn can reach (context_tokens):
     --grad-ckpt are unset), from what a decoder layer saves for backward (layer_activation_bytes, measured) and the
     logits (update_activation_bytes).
 A run that cannot fit stops before step 1 with one line (ValueError) that gives the figures and names the flags to
-change. The arithmetic, with Qwen2.5-3B's numbers: docs/scaling.md#the-memory-plan; gpu/memory_plan.py prints
+change. The arithmetic, with Qwen2.5-3B's numbers: results/scaling/memory_plan.md; gpu/memory_plan.py prints
 the plan for the paper's three models and checks the update's estimate against measured peaks.
 
-    python memory.py        # the plan for Qwen2.5-3B's shapes (on the meta device) on an 80 GB card
+    python -m machinery.memory        # the plan for Qwen2.5-3B's shapes (on the meta device) on an 80 GB card
 """
 
 import os

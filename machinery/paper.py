@@ -5,7 +5,7 @@ train.py settings that reproduce it.
 command, and tests/test_paper.py checks that every command parses to its row's settings here. Numbers are in the
 order of evaluate.COLUMNS: NQ, TQA, PopQA, Gen, HotpotQA, 2Wiki, Musique, Bamb., MH, Avg.
 
-    python paper.py                 # list the rows, and the recipe of each LLDS-related one
+    python -m machinery.paper                 # list the rows, and the recipe of each LLDS-related one
 """
 
 import json

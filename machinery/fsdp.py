@@ -154,7 +154,7 @@ def print0(*a):
 
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _demo():  # torchrun --nproc_per_node 2 fsdp.py (plain `python fsdp.py`: a group of one rank)
+def _demo():  # torchrun --nproc_per_node 2 -m machinery.fsdp (plain `python -m machinery.fsdp`: a group of one rank)
     """Every name is local, so the sharded model is gone when _demo returns and the exit hook can destroy the
     group (module globals would hold it into interpreter finalisation: the SIGABRT of _release_process_group)."""
     import copy

@@ -16,7 +16,7 @@ optimizer state and every rank's RNG states, so a resumed run goes on exactly as
 both are collectives). check_out_dir and stop_requests keep the run folder's rules (no silent reuse; Ctrl-C stops
 after a step's checkpoint).
 
-    python checkpoint.py RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
+    python -m machinery.checkpoint RUN_DIR          # list RUN_DIR's checkpoints and say which one --resume would use
 """
 
 import contextlib

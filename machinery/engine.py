@@ -12,7 +12,8 @@ tokenizer never sampled, a turn stops at its first tag, sampling by temperature 
       row that stops leaves its slot at once and the next waiting row is prefilled into it; KV is kept across turns.
 hf-kv and cb sample from hf's distribution and keep a turn's ids as hf does; where they depart from it (which rows
 share a forward pass, what memory they hold): docs/departures.md, 22-27. Figures: docs/scaling.md ("Generation
-engines"). Run `python engine.py` for a demo: greedy turns of a tiny random model, the three engines, the same ids.
+engines"). Run `python -m machinery.engine` for a demo: greedy turns of a tiny random model, the three engines,
+the same ids.
 """
 
 import collections
@@ -21,13 +22,14 @@ import contextlib
 import torch
 from transformers import GenerationConfig
 
-from rollout import STOP_STRINGS
 
 
-def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
-                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 logits_processor=None):
     """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded contexts.
 
+    stop_strings: a turn ends at the first of them, kept in the turn (rollout.STOP_STRINGS, departure 7).
     max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95), and
     nothing else (departure 8, P17); do_sample=False is greedy (evaluation). batch_size: rows per generate call
     (memory). logits_processor: extra processors (tests script the policy with one). Stops at the first EOS (the
@@ -44,7 +46,7 @@ def hf_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     gen_cfg = GenerationConfig(  # NOTE(departure 8): temperature and top_p only (P17)
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(STOP_STRINGS),  # NOTE(departure 7)
+        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(stop_strings),  # NOTE(departure 7)
         suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # NOTE(departure 6) (P16)
     )
 
@@ -89,8 +91,9 @@ def _extends(context: list[int], prev: list[int]) -> bool:
     return len(context) > len(prev) and context[:len(prev)] == prev
 
 
-def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
-                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 logits_processor=None):
     """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across turns. Arguments as
     hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row that stopped early is padded to
@@ -105,8 +108,9 @@ def kv_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     float rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (a
     rounding difference at a top-p boundary can move one sample, not the distribution).
     """
-    base = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        do_sample=do_sample, batch_size=batch_size, logits_processor=logits_processor)
+    base = hf_generator(model, tokenizer, stop_strings=stop_strings, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, do_sample=do_sample, batch_size=batch_size,
+                        logits_processor=logits_processor)
     gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
     calls = []  # per call: {"cache", "tokens": [n, W] list rows, "mask": [n, W] list rows, "contexts": [n] lists}
 
@@ -241,8 +245,9 @@ def _roomy_layer(room: int):
     return RoomyLayer()
 
 
-def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
-                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 logits_processor=None):
     """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves its slot at once
     and the next waiting row takes it (continuous batching); a row's KV is kept across turns while no waiting row needs
     its slot (departure 26), so a later turn prefills only its new tokens.
@@ -266,8 +271,9 @@ def cb_generator(model, tokenizer, *, max_new_tokens: int = 500, temperature: fl
     from transformers import DynamicCache, EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
     from transformers.cache_utils import DynamicLayer
 
-    base = hf_generator(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        do_sample=do_sample, batch_size=batch_size, logits_processor=logits_processor)
+    base = hf_generator(model, tokenizer, stop_strings=stop_strings, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, do_sample=do_sample, batch_size=batch_size,
+                        logits_processor=logits_processor)
     gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
     stops = StoppingCriteriaList([EosTokenCriteria(gen_cfg.eos_token_id),
                                   StopStringCriteria(tokenizer, gen_cfg.stop_strings)])
@@ -395,7 +401,7 @@ GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}  # 
 
 def decode_attention(device):
     """The engines' context around decoding: on CUDA, sdpa without its cuDNN backend, whose CPU cost per call (a cuDNN
-    graph for each new cache width) was 55% of a decode step's CPU time on an H200 (docs/scaling.md#the-gpu-check);
+    graph for each new cache width) was 55% of a decode step's CPU time on an H200 (results/scaling/gpu_check.md);
     flash, memory-efficient or math instead, as sdpa picks. A null context elsewhere."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -421,7 +427,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
@@ -432,7 +438,7 @@ if __name__ == "__main__":
 
     contexts = [enc("Question: where is the tower?"), enc("Hi")]  # two rows of different lengths: left padding
     for name, make in GENERATORS.items():  # greedy: the same ids from the three engines
-        generate = make(model, tok, max_new_tokens=6, do_sample=False)
+        generate = make(model, tok, stop_strings=("</search>", "</answer>"), max_new_tokens=6, do_sample=False)
         first = generate(contexts)
         second = generate([c + new + enc(" more text") for c, new in zip(contexts, first)])  # turn 2: an observation
         print(name, first[0], second[0])  # all lines: [799, 276, 605, 727, 141, 589] [421, 509, 75, 351, 263, 738]

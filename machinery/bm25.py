@@ -16,7 +16,8 @@ tf(w, d) the count of w in d, |d| the length of d in words, avgdl its mean, df(w
 up only its words' lists; retriever.BM25Retriever searches with it. Departures (Unicode tables, ties by passage order):
 docs/departures.md, 30-31; agreement with Lucene measured: docs/retrieval.md.
 Shapes: D = passages in the corpus, V = distinct words, nnz = (word, passage) pairs; `scores` is [D] per query.
-Run `python bm25.py` for a demo: both analyzers on one question, both variants' top passages of a 3-passage corpus.
+Run `python -m machinery.bm25` for a demo: both analyzers on one question, both variants' top passages of a
+3-passage corpus.
 """
 
 import functools
@@ -31,7 +32,7 @@ from collections import defaultdict
 import numpy as np
 import regex
 
-from bm25_numba import topk
+from machinery.bm25_numba import topk
 
 # numba compiles the search loop (topk.py; SparseBM25.prepare); without it, or NUMBA = False, SparseBM25 searches with
 # numpy, the same floats (benchmarks/bench_speed_retrieval.py compares the two). A numba that cannot run sets it False.

@@ -8,7 +8,8 @@ seeded permutation (`next_prompts`). Every jsonl file is read by `read_jsonl`: U
 
 Shapes: D = passages in the corpus.
 
-Run `python data.py` for a demo: the built-in 5-passage corpus (DEMO_CORPUS) written and read back, and an epoch order.
+Run `python -m machinery.data` for a demo: the built-in 5-passage corpus (DEMO_CORPUS) written and read back, and
+an epoch order.
 """
 
 import codecs

@@ -15,7 +15,7 @@ safetensors' Rust code, and an unreachable hub costs ~50 s of retries and an 80-
 local folder before loading it, tries the local hub cache before the network, and raises one line that names the
 flag, the file and the fix.
 
-    python policy.py MODEL        # check and load MODEL, print what it is
+    python -m machinery.policy MODEL        # check and load MODEL, print what it is
 """
 
 import contextlib
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint  # recompute in backward
 
-import checkpoint
+from machinery import checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # any one of them holds a vocab
 
@@ -199,11 +199,17 @@ def logp_and_entropy_from_logits(logits: torch.Tensor, targets: torch.Tensor, te
     return logp, -(logp_all.exp() * logp_all).sum(-1)  # [B, T], [B, T]
 
 
+BUSY_NOTED = "LLDS_GRPO_BUSY_NOTED"  # set once the busy-machine note was said in this command
+
+
 def busy_cpu_note(load: float | None = None, cores: int | None = None, threads: int | None = None) -> str | None:
     """One line when other processes already keep every core of this machine busy and torch runs more than one thread
     (its default: one per core); None otherwise. Then each of torch's threads waits on the others' cores: on a shared
     2-core machine we saw CPU runs 5-70x slower than with one thread. load: the 1-minute load average (os.getloadavg),
-    cores: os.cpu_count(), threads: torch.get_num_threads(); each read from the machine when not given."""
+    cores: os.cpu_count(), threads: torch.get_num_threads(); each read from the machine when not given. Said once
+    per command: the processes it starts (lab/spiral.py's runs) inherit BUSY_NOTED and stay quiet."""
+    if os.environ.get(BUSY_NOTED):
+        return None
     try:
         load = os.getloadavg()[0] if load is None else load
     except (AttributeError, OSError):  # no load average (Windows)
@@ -212,6 +218,7 @@ def busy_cpu_note(load: float | None = None, cores: int | None = None, threads: 
     threads = threads or torch.get_num_threads()
     if threads <= 1 or load < cores:
         return None
+    os.environ[BUSY_NOTED] = "1"
     return (f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch runs {threads} threads, which "
             f"then wait on each other; if steps are slow, set OMP_NUM_THREADS to the idle cores (e.g. 1) or use an "
             f"idle machine")
@@ -340,16 +347,16 @@ def response_logp_plain(model, batch, rows, temperature, vocab_size) -> torch.Te
 @torch.no_grad()
 def batch_logp(model, batch, micro_batch_size, temperature, vocab_size, start: int = 0,
                mini_batch_size: int | None = None) -> torch.Tensor:
-    """No-grad logp [B, T] of rows start.. of the rollout batch, in the micro-batches the update will use: of
+    """No-grad logp [B - start, T] of rows start.. of the rollout batch, in the micro-batches the update will use: of
     micro_batch_size rows, restarting at each mini-batch of mini_batch_size rows (None: one mini-batch), as
     train.update makes them (rows padded together as there give the same floats), on the CPU. start: train.py's old
-    pass skips the first mini-batch, whose log-probs the update's own forward gives; rows before it are NaN, for the
-    caller to fill (train.update)."""
+    pass skips the first mini-batch, whose log-probs the update's own forward gives."""
     B, T = batch["loss_mask"].shape
     start, mini = min(start, B), mini_batch_size or max(B, 1)
-    return torch.cat([torch.full((start, T), float("nan"))] + [
-        response_logp(model, batch, slice(i, min(i + micro_batch_size, m0 + mini, B)), temperature, vocab_size)[0].cpu()
-        for m0 in range(0, B, mini) for i in range(max(m0, start), min(m0 + mini, B), micro_batch_size)])
+    rows = [slice(i, min(i + micro_batch_size, m0 + mini, B))
+            for m0 in range(0, B, mini) for i in range(max(m0, start), min(m0 + mini, B), micro_batch_size)]
+    parts = [response_logp(model, batch, r, temperature, vocab_size)[0].cpu() for r in rows]
+    return torch.cat(parts) if parts else torch.zeros(0, T)
 
 
 def load_reference(model_name: str, dtype: str, device: str, offload_dir: Path | None = None):
