@@ -1,8 +1,9 @@
-"""lab/spiral.py's per-run measures, fixed in docs/spiral.md before any run (the fourth grid's protocol): collapse
+"""lab/spiral.py's per-run measures, fixed before any run (results/spiral/grid4.md's protocol): collapse
 on 5-step reward windows (collapsed / degraded / held, and its step), the onsets of the fall of the correct and
 incorrect responses' likelihood and the lead of the first over the collapse, the first phase II/III LLD alarm, the
 entropy and valid-action ratio at the end; a cell's counts over worlds and seeds; resuming a stopped grid."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def test_a_killed_evaluation_is_run_again(tmp_path):
     (eval.jsonl.partial, no eval.json) must not stop spiral.py's rerun, which evaluates the run again."""
     import json
 
-    from data import DEMO_CORPUS
+    from machinery.data import DEMO_CORPUS
     from tiny import save_tiny
 
     files = {"test": tmp_path / "test.jsonl", "corpus": tmp_path / "corpus.jsonl"}
@@ -302,3 +303,47 @@ def test_probe_figure_draws_a_column_per_title_and_refuses_a_bad_one(tmp_path, c
     with pytest.raises(SystemExit):
         spiral.main(["--probe-figure", str(out), runs[0]])
     assert "is not TITLE=RUN[,RUN...]" in capsys.readouterr().err
+
+
+def write_run(folder: Path, world: int, seed: int, rewards: list, dlogp: list, em: float, cpu_s: float = 3.0):
+    """A finished spiral.py run folder as lab/cures.py reads it: metrics.jsonl, args.json and eval.json."""
+    run = folder / f"world{world}_lr0.001_llds0_seed{seed}"
+    run.mkdir(parents=True)
+    h = [{**m, "probe/dlogp_correct": d, "probe/logp_correct": -1.0 + d, "perf/step_cpu_s": cpu_s}
+         for m, d in zip(history(rewards), dlogp)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in h))
+    (run / "args.json").write_text("{}")
+    (run / "eval.json").write_text(json.dumps({"records": [{"em": em}, {"em": 0.0}]}))
+
+
+def test_cures_judges_each_cell_against_the_baseline_by_the_protocols_rules(tmp_path, capsys):
+    """lab/cures.py (issue 49): a cure that never collapses where the baseline collapsed 3 of 3, with its probe kept
+    higher in every pair, "stops" the spiral; one that collapses as often but later "delays" it; the baseline's own
+    twin has "no effect". The copy holds metrics and args, never rollouts or weights."""
+    import cures
+
+    fall = [0.4] * 6 + [0.0] * 9  # collapses at step 7
+    late = [0.4] * 9 + [0.0] * 6  # collapses at step 10
+    held = [0.4] * 15
+    sinking, flat = [-0.05 * s for s in range(15)], [0.0] * 15
+    for seed in range(3):
+        write_run(tmp_path / "plain", 11, seed, fall, sinking, em=0.0, cpu_s=2.0)
+        write_run(tmp_path / "twin", 11, seed, fall, sinking, em=0.0, cpu_s=2.0)
+        write_run(tmp_path / "cure", 11, seed, held, flat, em=0.2, cpu_s=3.0)
+        write_run(tmp_path / "later", 11, seed, late, sinking, em=0.0, cpu_s=2.0)
+    (tmp_path / "plain" / "world11_lr0.001_llds0_seed9").mkdir()  # unfinished (no eval.json): left out
+    cells = {name: cures.read_cell(tmp_path / name) for name in ("plain", "twin", "cure", "later")}
+    assert [len(c) for c in cells.values()] == [3, 3, 3, 3]
+    assert cures.verdict(cells["cure"], cells["plain"]) == "stops"
+    assert cures.verdict(cells["later"], cells["plain"]) == "delays"
+    assert cures.verdict(cells["twin"], cells["plain"]) == "no effect"
+    table = cures.tables(cells)
+    assert "| cure | 3 | 0 / 0 / 3 | 0.400 | +0.000 [+0.000, +0.000] | 3 of 3 | 0 of 0 | 0.100 [0.100, 0.100] | " \
+           "1.50x | stops |" in table
+    cures.copy_runs(cells, tmp_path / "results")
+    copied = sorted(p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*")
+                    if p.is_file())
+    assert copied[:2] == ["cure_world11_lr0.001_llds0_seed0/args.json", "cure_world11_lr0.001_llds0_seed0/metrics.jsonl"]
+    assert len(copied) == 24
+    with pytest.raises(SystemExit, match="no finished spiral.py run"):
+        cures.read_cell(tmp_path / "results")
