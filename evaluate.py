@@ -1,22 +1,27 @@
-"""Evaluate a search agent on the paper's seven QA benchmarks: exact match per data_source, as the paper reports it.
+"""Evaluate a search agent on the paper's seven QA benchmarks: exact match per data_source, as the
+paper reports it.
 
-Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports it: greedy decoding,
-the training loop's rollout with a search budget of max_turns = 4 (every logged eval config; LLDS trains with 3), top-3
-passages, score = EM (rollout.em_check, the training reward) per data_source, which _validate logs as
-val/test_score/<data_source>. Test sets: FlashRAG's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle,
-split test, else dev (Search-R1 `qa_search_test_merge.py`). Gen-Avg / MH-Avg / Avg: unweighted means over sources.
-Extra columns: token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per question,
-and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
---limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions. Sub-EM, like EM,
-never counts a gold that normalises to "" (departure 9 in docs/departures.md; FlashRAG counts it in any answer).
+Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports
+it: greedy decoding, the training loop's rollout with a search budget of max_turns = 4 (every logged
+eval config; LLDS trains with 3), top-3 passages, score = EM (rollout.em_check, the training reward)
+per data_source, which _validate logs as val/test_score/<data_source>. Test sets: FlashRAG's nq,
+triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, split test, else dev (Search-R1
+`qa_search_test_merge.py`). Gen-Avg / MH-Avg / Avg: unweighted means over sources. Extra columns:
+token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per
+question, and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
+--limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions.
+Sub-EM, like EM, never counts a gold that normalises to "" (departure 9 in docs/departures.md;
+FlashRAG counts it in any answer).
 
     python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
         --corpus data/hotpotqa/corpus.jsonl --limit 20
-    python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki-18.jsonl --compare-paper 3B-Base
+    python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki-18.jsonl \
+        --compare-paper 3B-Base
 
-Prints a table (one row per data_source, then the averages) and writes the scores and records to --out (JSON, and the
-records to the .jsonl beside it), records streaming to a .partial file kept until the evaluation completes; --out is
-checked first (never an input file or a checkpoint folder; an earlier evaluation is replaced only with --overwrite).
+Prints a table (one row per data_source, then the averages) and writes the scores and records to
+--out (JSON, and the records to the .jsonl beside it), records streaming to a .partial file kept
+until the evaluation completes; --out is checked first (never an input file or a checkpoint folder;
+an earlier evaluation is replaced only with --overwrite).
 """
 
 import argparse
@@ -41,22 +46,27 @@ from machinery.policy import busy_cpu_note, load_policy
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_MAX_TURNS = 4  # the search budget of every logged evaluation config (training uses 3)
-BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev", "2wikimultihopqa": "dev",
-              "musique": "dev", "bamboogle": "test"}  # config -> split: test, else dev (the dataset card's splits)
-ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
+BENCHMARKS = {"nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev",
+              "2wikimultihopqa": "dev",
+              # config -> split: test, else dev (the dataset card's splits)
+              "musique": "dev", "bamboogle": "test"}
+ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa": "PopQA",
+           "hotpotqa": "HotpotQA",
            "hotpot": "HotpotQA", "2wikimultihopqa": "2Wiki", "2wiki": "2Wiki", "2wikimqa": "2Wiki",
-           "musique": "Musique", "bamboogle": "Bamb.", "bamb": "Bamb."}  # data_source (lower, [a-z0-9]) -> column
+           # data_source (lower, [a-z0-9]) -> column
+           "musique": "Musique", "bamboogle": "Bamb.", "bamb": "Bamb."}
 GEN, MH = ("NQ", "TQA", "PopQA"), ("HotpotQA", "2Wiki", "Musique", "Bamb.")
 COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the column order of the paper's Tables 1-4
 METRICS = ("em", "f1", "sub_em", "searches", "recall")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Data
 
 
 def select(rows: list[dict], limit: int, seed: int) -> list[dict]:
-    """A fixed subset of `limit` rows (all if limit <= 0), the same for every call with the same seed (P24)."""
+    """A fixed subset of `limit` rows (all if limit <= 0), the same for every call with the same
+    seed (P24)."""
     if limit <= 0 or limit >= len(rows):
         return rows
     keep = sorted(random.Random(seed).sample(range(len(rows)), limit))
@@ -64,62 +74,82 @@ def select(rows: list[dict], limit: int, seed: int) -> list[dict]:
 
 
 def benchmark_names(spec: str) -> list[str]:
-    """"all" or a comma list of FlashRAG config names -> the names (ValueError on an unknown one)."""
-    names = list(BENCHMARKS) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    """"all" or a comma list of FlashRAG config names -> the names (ValueError on an unknown
+    one)."""
+    names = (
+        list(BENCHMARKS)
+        if spec.strip() == "all"
+        else [s.strip() for s in spec.split(",") if s.strip()]
+    )
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown or not names:
-        raise ValueError(f"--benchmarks: unknown {unknown or spec!r}; choose 'all' or from {', '.join(BENCHMARKS)}")
+        raise ValueError(f"--benchmarks: unknown {unknown or spec!r}; choose 'all' or from "
+                         f"{', '.join(BENCHMARKS)}")
     return names
 
 
 def load_benchmark(name: str) -> list[dict]:
-    """One benchmark's test rows from the hub: FLASHRAG config `name`, split test, else dev (BENCHMARKS)."""
+    """One benchmark's test rows from the hub: FLASHRAG config `name`, split test, else dev
+    (BENCHMARKS)."""
     try:
         return load_questions(f"{FLASHRAG}:{name}", BENCHMARKS[name])
     except ConnectionError as err:  # what `datasets` raises offline
         split = BENCHMARKS[name]
-        raise ConnectionError(f"cannot load {FLASHRAG} config {name!r} split {split!r} ({err}); offline, download "
-                              f"{name}/{split}.jsonl from the hub and pass it with --data") from None
+        raise ConnectionError(f"cannot load {FLASHRAG} config {name!r} split {split!r} ({err}); "
+                              f"offline, download "
+                              f"{name}/{split}.jsonl from the hub and pass it with "
+                              f"--data") from None
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Metrics (one question; a prediction of None = no <answer>, scores 0 on all)
 
 
 def sub_em(prediction: str | None, golden_answers) -> float:
-    """1.0 if a normalised gold is a substring of the normalised prediction (FlashRAG Sub_ExactMatch), else 0.0."""
+    """1.0 if a normalised gold is a substring of the normalised prediction (FlashRAG
+    Sub_ExactMatch), else 0.0."""
     if prediction is None:
         return 0.0
     pred = normalize_answer(prediction)
-    golds = [normalize_answer(g) for g in ([golden_answers] if isinstance(golden_answers, str) else golden_answers)]
-    return float(any(g and g in pred for g in golds))  # NOTE(departure 9): a gold normalising to "" never counts
+    golds = [
+        normalize_answer(g)
+        for g in ([golden_answers] if isinstance(golden_answers, str) else golden_answers)
+    ]
+    # NOTE(departure 9): a gold normalising to "" never counts
+    return float(any(g and g in pred for g in golds))
 
 
 def retrieved_titles(retrieved: list[list[dict]]) -> list[str]:
-    """Titles of all passages a trajectory's searches returned (Episode.retrieved: one list of hits per search), in
-    order, outer quotes removed (data.passage_title)."""
+    """Titles of all passages a trajectory's searches returned (Episode.retrieved: one list of hits
+    per search), in order, outer quotes removed (data.passage_title)."""
     return [passage_title(hit) for hits in retrieved for hit in hits]
 
 
 def recall(supporting_titles, titles: list[str]) -> float | None:
-    """Fraction of the gold paragraphs' titles among the retrieved titles (case-insensitive); None if no gold titles."""
+    """Fraction of the gold paragraphs' titles among the retrieved titles (case-insensitive); None
+    if no gold titles."""
     gold = {" ".join(t.split()).casefold() for t in supporting_titles or []}
-    return len(gold & {" ".join(t.split()).casefold() for t in titles}) / len(gold) if gold else None
+    return (
+        len(gold & {" ".join(t.split()).casefold() for t in titles}) / len(gold) if gold else None
+    )
 
 
 def _order(src: str):
-    return (COLUMNS.index(src) if src in COLUMNS else len(COLUMNS), src)  # the paper's order, then the others
+    # the paper's order, then the others
+    return (COLUMNS.index(src) if src in COLUMNS else len(COLUMNS), src)
 
 
 def column(data_source: str) -> str:
-    """A data_source spelling -> the paper's column name ("2wiki", "2WikiMultihopQA" -> "2Wiki"); others unchanged."""
+    """A data_source spelling -> the paper's column name ("2wiki", "2WikiMultihopQA" -> "2Wiki");
+    others unchanged."""
     return ALIASES.get(re.sub(r"[^a-z0-9]", "", str(data_source).lower()), data_source)
 
 
 def score_table(records: list[dict]) -> dict:
-    """{source: {"n", metric: mean}} for each metric in METRICS the records carry (None = not applicable), keyed by
-    the paper's column name; then "Gen-Avg" / "MH-Avg" (with the "sources" they cover) and "average" (the paper's Avg):
-    unweighted means over the sources present, with "n" the questions they hold."""
+    """{source: {"n", metric: mean}} for each metric in METRICS the records carry (None = not
+    applicable), keyed by the paper's column name; then "Gen-Avg" / "MH-Avg" (with the "sources"
+    they cover) and "average" (the paper's Avg): unweighted means over the sources present, with "n"
+    the questions they hold."""
     by_src = {}
     for r in records:
         by_src.setdefault(column(r["data_source"]), []).append(r)
@@ -132,7 +162,8 @@ def score_table(records: list[dict]) -> dict:
                 table[src][m] = sum(vals) / len(vals)
     sources = list(table)
     for name, group in (("Gen-Avg", GEN), ("MH-Avg", MH), ("average", None)):
-        srcs = [s for s in sources if group is None or s in group]  # "average": every source, as the paper's Avg
+        # "average": every source, as the paper's Avg
+        srcs = [s for s in sources if group is None or s in group]
         if srcs:
             avg = {"n": sum(table[s]["n"] for s in srcs)} | ({"sources": srcs} if group else {})
             for m in METRICS:
@@ -143,7 +174,7 @@ def score_table(records: list[dict]) -> dict:
     return table
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Printing
 
 
@@ -152,62 +183,84 @@ def _fmt(x, spec=".3f") -> str:
 
 
 def table_lines(table: dict, topk: int = 3) -> list[str]:
-    """The score table as text: one row per source, then the averages, each naming the sources it covers."""
-    lines = [f"{'data_source':<14}{'n':>6}{'EM':>8}{'F1':>8}{'sub-EM':>8}{'search/q':>10}{f'recall@{topk}':>10}"]
+    """The score table as text: one row per source, then the averages, each naming the sources it
+    covers."""
+    lines = [
+        f"{'data_source':<14}{'n':>6}{'EM':>8}{'F1':>8}{'sub-EM':>8}{'search/q':>10}"
+        f"{f'recall@{topk}':>10}"
+    ]
     for src, t in table.items():
         group = GEN if src == "Gen-Avg" else MH if src == "MH-Avg" else ()
         missing = [c for c in group if c not in t["sources"]]
-        note = f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})" if missing else ""
-        if src == "average" and len(table) > 2:  # the paper's Avg: each source weighs the same, not each question
-            note = f"  (the mean of the {len(table) - 1 - ('Gen-Avg' in table) - ('MH-Avg' in table)} sources)"
+        note = (
+            f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})"
+            if missing
+            else ""
+        )
+        # the paper's Avg: each source weighs the same, not each question
+        if src == "average" and len(table) > 2:
+            sources = len(table) - 1 - ("Gen-Avg" in table) - ("MH-Avg" in table)
+            note = f"  (the mean of the {sources} sources)"
         lines.append(f"{src:<14}{t['n']:>6}" + "".join(f"{_fmt(t.get(m)):>{w}}" for m, w in
-                     (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10), ("recall", 10))) + note)
+                     (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10),
+                      ("recall", 10))) + note)
     return lines
 
 
 def compare_lines(table: dict, which: str = "") -> list[str]:
-    """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if ""), in the paper's
-    column order. Our Gen / MH / Avg are means over the paper's sources we ran; a '*' marks one that misses some of
-    them."""
+    """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if
+    ""), in the paper's column order. Our Gen / MH / Avg are means over the paper's sources we ran;
+    a '*' marks one that misses some of them."""
     em = {c: table[c]["em"] for c in GEN + MH if "em" in table.get(c, {})}
 
     def mean(cols):  # (value, partial)
         vals = [em[c] for c in cols if c in em]
         return (sum(vals) / len(vals), len(vals) < len(cols)) if vals else (None, False)
 
-    ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH), "Avg": mean(GEN + MH)}
+    ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH),
+                                                        "Avg": mean(GEN + MH)}
     rows = [which] if which in PAPER else [k for k in PAPER if which.lower() in k.lower()]
     w = max([24, *(len(k) + 1 for k in rows)])  # the label column
     lines = [f"{'EM':<{w}}" + "".join(f"{c:>9}" for c in COLUMNS)]
     lines += [f"{k:<{w}}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in rows]
-    lines.append(f"{'ours':<{w}}" + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS)))
+    lines.append(
+        f"{'ours':<{w}}"
+        + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS))
+    )
     if any(partial for _, partial in ours.values()):
         lines.append("* ours: mean over the sources we ran only (the paper's covers all of them)")
     return lines
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Evaluation
 
 
 def default_out(model: str) -> Path:
-    """--out when unset: eval.json in the model folder; for a checkpoints/step_N folder (the run's next save may delete
-    it) eval_step_N.json in its run folder; ./eval.json for a hub id or a .gguf file."""
+    """--out when unset: eval.json in the model folder; for a checkpoints/step_N folder (the run's
+    next save may delete it) eval_step_N.json in its run folder; ./eval.json for a hub id or a .gguf
+    file."""
     path = Path(model)
     if not path.is_dir():
         return Path("eval.json")
     ckpt = enclosing_checkpoint(path)
-    return ckpt.parent.parent / f"eval_step_{int(STEP_RE.match(ckpt.name)[1])}.json" if ckpt else path / "eval.json"
+    return (
+        ckpt.parent.parent / f"eval_step_{int(STEP_RE.match(ckpt.name)[1])}.json"
+        if ckpt
+        else path / "eval.json"
+    )
 
 
 def earlier_evaluation(path: Path) -> bool:
-    """Whether the existing file `path` is one evaluate.py wrote: an --out JSON (it opens with its "model" key) or a
-    records .jsonl (its first line a record with "question" and "em"; empty: a run stopped before its first batch)."""
+    """Whether the existing file `path` is one evaluate.py wrote: an --out JSON (it opens with its
+    "model" key) or a records .jsonl (its first line a record with "question" and "em"; empty: a run
+    stopped before its first batch)."""
     try:
         with open(path, "rb") as f:
             start = f.read(12)
             f.seek(0)
-            head = f.readline(1 << 20)  # a longer first line is no record of ours (json.loads fails on its cut)
+            # a longer first line is no record of ours (json.loads fails on its cut)
+            head = f.readline(1 << 20)
         if start == b'{\n "model": ':  # json.dumps(..., indent=1) of main's dict
             return True
         if not head.strip():
@@ -219,89 +272,117 @@ def earlier_evaluation(path: Path) -> bool:
 
 
 def output_problem(out: Path, records: Path, partial: Path, args) -> str | None:
-    """Why evaluate.py must not write `out`, its `records` .jsonl or their `partial` copy (one line), else None; reads
-    and writes nothing else. Never over an input (a --data or --corpus file, --model or a file of its folder that is
-    not an earlier evaluation), never inside a checkpoints/step_N folder, never over any other file; an earlier
-    evaluation only with --overwrite; and the folder must be writable."""
+    """Why evaluate.py must not write `out`, its `records` .jsonl or their `partial` copy (one
+    line), else None; reads and writes nothing else. Never over an input (a --data or --corpus file,
+    --model or a file of its folder that is not an earlier evaluation), never inside a
+    checkpoints/step_N folder, never over any other file; an earlier evaluation only with
+    --overwrite; and the folder must be writable."""
     inputs = {}
-    for flag, paths in (("--data", args.data), ("--corpus", [args.corpus]), ("--model", [args.model])):
+    for flag, paths in (("--data", args.data), ("--corpus", [args.corpus]),
+                        ("--model", [args.model])):
         for name in paths:
             files = [Path(name)] if Path(name).is_file() else []
-            if flag == "--model" and Path(name).is_dir():  # its weights, tokenizer, config, a run's args.json, ...
-                files = [f for f in Path(name).iterdir() if f.is_file() and not earlier_evaluation(f)]
+            # its weights, tokenizer, config, a run's args.json, ...
+            if flag == "--model" and Path(name).is_dir():
+                files = [
+                    f for f in Path(name).iterdir() if f.is_file() and not earlier_evaluation(f)
+                ]
             inputs |= {f.resolve(): f"the {flag} file {f}" for f in files}
     earlier, stopped = [], [p for p in (partial, writing_to(partial)) if p.exists()]
     if len(stopped) == 2:  # (each was checked below: records of ours)
-        return (f"--out {out}: two stopped evaluations left their records ({', '.join(map(str, stopped))}); keep the "
+        return (f"--out {out}: two stopped evaluations left their records "
+                f"({', '.join(map(str, stopped))}); keep the "
                 f"one you need as {partial} and delete the other")
     for path in (out, records, partial, writing_to(partial)):
         name = f"--out {out}" + ("" if path == out else f": its records file {path}")
         if path.resolve() in inputs:
-            return f"{name} is {inputs[path.resolve()]}: evaluate.py never writes over its inputs; choose another --out"
+            return (f"{name} is {inputs[path.resolve()]}: evaluate.py never writes over its "
+                    "inputs; choose another --out")
         if ckpt := enclosing_checkpoint(path):
-            return (f"--out {out} lies inside the checkpoint folder {ckpt}, which its run's next save may delete; "
+            return (f"--out {out} lies inside the checkpoint folder {ckpt}, which its run's next "
+                    f"save may delete; "
                     f"write it to the run folder (the default: {default_out(str(ckpt))})")
         if path.is_dir():
             return f"{name} is a folder; --out names the JSON file to write"
         if path.exists():
             if not earlier_evaluation(path):
-                return f"{name} exists and is no evaluation evaluate.py wrote: refusing to replace it; choose " \
-                       "another --out"
+                return (f"{name} exists and is no evaluation evaluate.py wrote: refusing to "
+                        "replace it; choose another --out")
             earlier.append(str(path))
     if earlier and not args.overwrite:
-        return (f"--out {out}: an earlier evaluation is there ({', '.join(earlier)}): pass --overwrite to replace it "
+        return (f"--out {out}: an earlier evaluation is there ({', '.join(earlier)}): pass "
+                f"--overwrite to replace it "
                 "once the new one is complete, or choose another --out")
     problem = folder_problem(out.parent)
     return f"--out {out}: cannot write there ({problem})" if problem else None
 
 
 def writing_to(partial: Path) -> Path:
-    """Where a new evaluation writes its records as they come: `partial`, or beside it when an earlier evaluation that
-    stopped left its records there (kept until the new one is complete: --overwrite never loses them before)."""
+    """Where a new evaluation writes its records as they come: `partial`, or beside it when an
+    earlier evaluation that stopped left its records there (kept until the new one is complete:
+    --overwrite never loses them before)."""
     return partial.with_name(partial.name + ".new") if partial.exists() else partial
 
 
 def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, records_out, bar):
-    """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to `records` and
-    written to `records_out` (a .jsonl file, flushed per batch) as soon as it is scored."""
-    generate = GENERATORS[args.generator](model, tokenizer, stop_strings=STOP_STRINGS, do_sample=False,
+    """Greedy rollouts of `rows` in batches of --batch-size; each question's record is appended to
+    `records` and written to `records_out` (a .jsonl file, flushed per batch) as soon as it is
+    scored."""
+    generate = GENERATORS[args.generator](model, tokenizer, stop_strings=STOP_STRINGS,
+                                          do_sample=False,
                                           max_new_tokens=args.max_new_tokens,
                                           batch_size=args.batch_size)
     for i in range(0, len(rows), args.batch_size):
         batch = rows[i:i + args.batch_size]
         with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
-            episodes = rollout(generate, tokenizer, batch, retriever.search, group_size=1, max_turns=args.max_turns,
+            episodes = rollout(generate, tokenizer, batch, retriever.search, group_size=1,
+                               max_turns=args.max_turns,
                                max_obs_tokens=args.max_obs_tokens, topk=args.topk)
         for row, e in zip(batch, episodes):
             titles = retrieved_titles(e.retrieved)
-            records.append({"id": row.get("id"), "question": e.question, "golden_answers": e.golden_answers,
-                            "data_source": e.data_source, "answer": e.answer,
-                            "em": em_check(e.answer, e.golden_answers),  # = e.reward, the training reward
-                            "f1": f1_score(e.answer, e.golden_answers), "sub_em": sub_em(e.answer, e.golden_answers),
-                            "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
-                            "searches": e.num_searches, "retrieved_titles": titles, "text": e.text})
+            records.append(
+                {
+                    "id": row.get("id"),
+                    "question": e.question,
+                    "golden_answers": e.golden_answers,
+                    "data_source": e.data_source,
+                    "answer": e.answer,
+                    # = e.reward, the training reward
+                    "em": em_check(e.answer, e.golden_answers),
+                    "f1": f1_score(e.answer, e.golden_answers),
+                    "sub_em": sub_em(e.answer, e.golden_answers),
+                    "recall": recall((row.get("metadata") or {}).get("supporting_titles"), titles),
+                    "searches": e.num_searches,
+                    "retrieved_titles": titles,
+                    "text": e.text,
+                }
+            )
             records_out.write(json.dumps(records[-1]) + "\n")
         records_out.flush()  # what is scored so far survives a crash or a kill
         bar.update(len(batch))
 
 
 def main(argv=None):
-    """Score --model on the questions (module docstring): one greedy rollout each, the table, the paper's rows beside
-    it with --compare-paper, then the JSON and the records at --out, each written whole."""
+    """Score --model on the questions (module docstring): one greedy rollout each, the table, the
+    paper's rows beside it with --compare-paper, then the JSON and the records at --out, each
+    written whole."""
     args = parse_args(argv)
     run = load_evaluation(args)
     t0, records = time.time(), []
     bar = tqdm(total=len(run.rows), desc="evaluating", unit="q", dynamic_ncols=True)
     try:
-        evaluate_rows(run.rows, args, run.model, run.tokenizer, run.retriever, records, run.records_out, bar)
+        evaluate_rows(run.rows, args, run.model, run.tokenizer, run.retriever, records,
+                      run.records_out, bar)
     except OSError as err:  # e.g. the retrieval server stopped answering: what was scored is kept
         bar.close()  # the line below starts a line of its own
-        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in {run.writing}") from None
+        raise SystemExit(f"error: {err}. The {len(records)} questions scored so far are in "
+                         f"{run.writing}") from None
     bar.close()
     run.records_out.close()
     table = score_table(records)
     print("\n" + "\n".join(table_lines(table, args.topk)))
-    print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, {time.time() - t0:.0f}s)")
+    print(f"({len(records)} questions, greedy, max_turns {args.max_turns}, "
+          f"{time.time() - t0:.0f}s)")
     if args.compare_paper is not None:
         print_paper_rows(table, args)
     save_evaluation(table, records, args, run)
@@ -310,43 +391,62 @@ def main(argv=None):
 def parse_args(argv=None) -> argparse.Namespace:
     """evaluate.py's flags; a bad value exits with one line naming the flag and the valid range."""
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-        def _get_help_string(self, action):  # the docstring's layout, and every default there is (not "None", "")
+        # the docstring's layout, and every default there is (not "None", "")
+        def _get_help_string(self, action):
             unset = action.required or action.default in (None, "", [])
             return action.help if unset else super()._get_help_string(action)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
     ap.add_argument("--model", required=True, help="checkpoint folder, hub id or .gguf file")
-    ap.add_argument("--data", nargs="*", default=[], help="question files (.jsonl/.parquet) or hub ids[:config]")
-    ap.add_argument("--benchmarks", default="", help=f"'all' or a comma list of {', '.join(BENCHMARKS)} ({FLASHRAG})")
+    ap.add_argument("--data", nargs="*", default=[],
+                    help="question files (.jsonl/.parquet) or hub ids[:config]")
+    ap.add_argument("--benchmarks", default="",
+                    help=f"'all' or a comma list of {', '.join(BENCHMARKS)} ({FLASHRAG})")
     ap.add_argument("--split", default="test", help="split for hub ids given with --data")
     ap.add_argument("--compare-paper", nargs="?", const="", default=None, metavar="ROWS",
-                    help="print the paper's EM rows beside ours: those whose label contains ROWS (e.g. 3B-Ins); "
-                    "without ROWS, the row whose recipe the checkpoint's run used (its args.json), else all")
+                    help="print the paper's EM rows beside ours: those whose label contains ROWS "
+                    "(e.g. 3B-Ins); "
+                    "without ROWS, the row whose recipe the checkpoint's run used (its args.json), "
+                    "else all")
     ap.add_argument("--corpus", default="data/hotpotqa/corpus.jsonl",
-                    help="retrieval corpus (wiki-18 jsonl format; default: scripts/prepare_data.py's output)")
-    ap.add_argument("--retriever-url", default="", help="Search-R1 /retrieve server instead of in-process BM25")
-    ap.add_argument("--retriever-timeout", type=float, default=30.0, help="seconds per --retriever-url request")
-    ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="in-process BM25 scoring: lucene "
-                    "(Lucene's BM25 and English analyzer, as pyserini) or okapi (rank-bm25, \\w+ words); a "
+                    help="retrieval corpus (wiki-18 jsonl format; default: "
+                    "scripts/prepare_data.py's output)")
+    ap.add_argument("--retriever-url", default="",
+                    help="Search-R1 /retrieve server instead of in-process BM25")
+    ap.add_argument("--retriever-timeout", type=float, default=30.0,
+                    help="seconds per --retriever-url request")
+    ap.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS,
+                    help="in-process BM25 scoring: lucene "
+                    "(Lucene's BM25 and English analyzer, as pyserini) or okapi (rank-bm25, \\w+ "
+                    "words); a "
                     "--retriever-url server scores as started (scripts/retrieval_server.py --bm25)")
-    ap.add_argument("--limit", type=int, default=0, help="questions per file/benchmark, a fixed seeded subset (0: all)")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="questions per file/benchmark, a fixed seeded subset (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit subset")
-    ap.add_argument("--max-turns", type=int, default=EVAL_MAX_TURNS, help="search budget (the paper evaluates with 4)")
+    ap.add_argument("--max-turns", type=int, default=EVAL_MAX_TURNS,
+                    help="search budget (the paper evaluates with 4)")
     ap.add_argument("--max-new-tokens", type=int, default=500, help="tokens per generation turn")
-    ap.add_argument("--max-obs-tokens", type=int, default=500, help="tokens per <information> block")
+    ap.add_argument("--max-obs-tokens", type=int, default=500,
+                    help="tokens per <information> block")
     ap.add_argument("--topk", type=int, default=3, help="passages per search")
     ap.add_argument("--batch-size", type=int, default=32, help="questions per rollout batch")
     ap.add_argument("--generator", default="cb", choices=tuple(GENERATORS),
-                    help="decoding: cb (continuous batching, KV kept across turns) | hf (HF generate, re-prefill every "
-                    "turn) | hf-kv (HF generate, KV kept across turns); machinery/engine.py; greedy ids are the same")
+                    help="decoding: cb (continuous batching, KV kept across turns) | hf (HF "
+                    "generate, re-prefill every "
+                    "turn) | hf-kv (HF generate, KV kept across turns); machinery/engine.py; "
+                    "greedy ids are the same")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
-    ap.add_argument("--out", help="JSON output path; if unset, <model folder>/eval.json, RUN/eval_step_N.json for a "
+    ap.add_argument("--out",
+                    help="JSON output path; if unset, <model folder>/eval.json, "
+                    "RUN/eval_step_N.json for a "
                     "RUN/checkpoints/step_N folder, or ./eval.json for a hub id")
     ap.add_argument("--overwrite", action="store_true",
-                    help="replace an earlier evaluation at --out (the old files stay until the new one is complete)")
+                    help="replace an earlier evaluation at --out (the old files stay until the new "
+                    "one is complete)")
     args = ap.parse_args(argv)
-    for flag, low in (("limit", 0), ("max_turns", 0), ("max_new_tokens", 1), ("max_obs_tokens", 1), ("topk", 1),
+    for flag, low in (("limit", 0), ("max_turns", 0), ("max_new_tokens", 1), ("max_obs_tokens", 1),
+                      ("topk", 1),
                       ("batch_size", 1)):
         if getattr(args, flag) < low:
             ap.error(f"--{flag.replace('_', '-')} must be >= {low}, got {getattr(args, flag)}")
@@ -374,21 +474,30 @@ class Evaluation:
 
 
 def load_evaluation(args) -> Evaluation:
-    """The questions, the retriever, the policy and the output files, each checked before anything is scored: bad
-    input exits with one line naming the file, line, field or flag."""
+    """The questions, the retriever, the policy and the output files, each checked before anything
+    is scored: bad input exits with one line naming the file, line, field or flag."""
     out = Path(args.out) if args.out else default_out(args.model)
-    records_file = out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
-    partial = records_file.with_name(records_file.name + ".partial")  # the records while they are produced
-    if problem := output_problem(out, records_file, partial, args):  # before anything is read or written
+    records_file = (
+        out.with_suffix(".jsonl") if out.suffix != ".jsonl" else out.with_suffix(".records.jsonl")
+    )
+    # the records while they are produced
+    partial = records_file.with_name(records_file.name + ".partial")
+    # before anything is read or written
+    if problem := output_problem(out, records_file, partial, args):
         raise SystemExit(f"error: {problem}")
-    writing = writing_to(partial)  # partial, unless a stopped evaluation's records are there: then beside them
+    # partial, unless a stopped evaluation's records are there: then beside them
+    writing = writing_to(partial)
     try:
         if not args.data and not args.benchmarks:
-            raise ValueError("give question files with --data and/or --benchmarks (e.g. --benchmarks all)")
+            raise ValueError("give question files with --data and/or --benchmarks (e.g. "
+                             "--benchmarks all)")
         sets = [load_questions(d, args.split) for d in args.data]
-        sets += [load_benchmark(b) for b in (benchmark_names(args.benchmarks) if args.benchmarks else [])]
+        sets += [
+            load_benchmark(b) for b in (benchmark_names(args.benchmarks) if args.benchmarks else [])
+        ]
         rows = [r for s in sets for r in select(s, args.limit, args.seed)]
-        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout, bm25=args.bm25)
+        retriever = make_retriever(args.corpus, args.retriever_url, timeout=args.retriever_timeout,
+                                   bm25=args.bm25)
         model, tokenizer, device = load_policy(args.model, args.dtype, args.device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
         if device == "cpu" and (note := busy_cpu_note()):
@@ -397,17 +506,21 @@ def load_evaluation(args) -> Evaluation:
             out.parent.mkdir(parents=True, exist_ok=True)
             records_out = open(writing, "x", encoding="utf-8")
         except OSError as err:
-            why = f"{err.filename} is not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
+            why = (
+                f"{err.filename} is not a folder"
+                if isinstance(err, (FileExistsError, NotADirectoryError))
                 else f"{err.strerror}: {err.filename}"
+            )
             raise ValueError(f"--out {out}: cannot write there ({why})") from None
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    return Evaluation(rows, retriever, model, tokenizer, out, records_file, partial, writing, records_out)
+    return Evaluation(rows, retriever, model, tokenizer, out, records_file, partial, writing,
+                      records_out)
 
 
 def print_paper_rows(table: dict, args):
-    """--compare-paper: the paper's rows whose label contains its value beside ours; without one, the row this
-    checkpoint's run reproduces (its args.json), else all rows."""
+    """--compare-paper: the paper's rows whose label contains its value beside ours; without one,
+    the row this checkpoint's run reproduces (its args.json), else all rows."""
     which = args.compare_paper
     if not which:  # the row this checkpoint's run reproduces, from its args.json
         row, file = recipe_row(args.model)
@@ -420,15 +533,31 @@ def print_paper_rows(table: dict, args):
 
 
 def save_evaluation(table: dict, records: list, args, run: Evaluation):
-    """The JSON, then the records: an earlier evaluation's files are replaced only now, each by one rename."""
+    """The JSON, then the records: an earlier evaluation's files are replaced only now, each by one
+    rename."""
     try:
-        atomic_write(run.out, json.dumps({"model": args.model, "data": args.data, "benchmarks": args.benchmarks,
-                                          "limit": args.limit, "seed": args.seed, "max_turns": args.max_turns,
-                                          "scores": table, "records": records}, indent=1))  # never half a file
+        atomic_write(
+            run.out,
+            json.dumps(
+                {
+                    "model": args.model,
+                    "data": args.data,
+                    "benchmarks": args.benchmarks,
+                    "limit": args.limit,
+                    "seed": args.seed,
+                    "max_turns": args.max_turns,
+                    # never half a file
+                    "scores": table,
+                    "records": records,
+                },
+                indent=1,
+            ),
+        )
         os.replace(run.writing, run.records_file)
         run.partial.unlink(missing_ok=True)  # a stopped evaluation's records, kept until now
     except OSError as err:
-        raise SystemExit(f"error: cannot write {run.out} and {run.records_file} ({err.strerror or err}); the "
+        raise SystemExit(f"error: cannot write {run.out} and {run.records_file} "
+                         f"({err.strerror or err}); the "
                          f"records are in {run.writing}") from None
     print(f"wrote {run.out} (records also in {run.records_file})")
 

@@ -1,22 +1,27 @@
-"""Search a passage corpus, in this process or over HTTP: the search engine behind the agent's <search> calls.
+"""Search a passage corpus, in this process or over HTTP: the search engine behind the agent's
+<search> calls.
 
-`BM25Retriever` indexes a jsonl corpus (D passages) in this process with BM25 (bm25.py: Lucene's scoring by default, as
-pyserini, or rank-bm25's Okapi), which scores a query q against each passage d as (w in q: its words, repeats count)
+`BM25Retriever` indexes a jsonl corpus (D passages) in this process with BM25 (bm25.py: Lucene's
+scoring by default, as pyserini, or rank-bm25's Okapi), which scores a query q against each passage
+d as (w in q: its words, repeats count)
     s(q, d) = sum_{w in q} idf(w) * g * tf(w, d) / (tf(w, d) + k1 * (1 - b + b * |d| / avgdl))
-and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores (g, idf: bm25.py).
-`RemoteRetriever` asks a server that speaks Search-R1's /retrieve API instead: ours (scripts/retrieval_server.py), or
-Search-R1's own e5/faiss or pyserini server for paper-scale corpora (wiki-18, 21M passages; the paper retrieves with
-E5). Both give rollout.rollout its `search(queries, topk) -> hits per query`; `make_retriever` picks one.
+and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores (g,
+idf: bm25.py). `RemoteRetriever` asks a server that speaks Search-R1's /retrieve API instead: ours
+(scripts/retrieval_server.py), or Search-R1's own e5/faiss or pyserini server for paper-scale
+corpora (wiki-18, 21M passages; the paper retrieves with E5). Both give rollout.rollout its
+`search(queries, topk) -> hits per query`; `make_retriever` picks one.
 
-Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its API: POST /retrieve {"queries": [str],
-"topk": int, "return_scores": bool} -> {"result": [[{"document": corpus row, "score": float}, ...] per query]}, or
-[[document, ...] per query] without scores; corpus rows are {"id": str, "contents": '"Title"\\ntext'}
-(data.load_corpus). The model sees the hits as rollout.format_passages writes them (Search-R1's `_passages2string`).
-Departures (hits and scores aligned, only scores > 0, ties by passage order): docs/departures.md, 28-31.
+Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its API: POST /retrieve
+{"queries": [str], "topk": int, "return_scores": bool} -> {"result": [[{"document": corpus row,
+"score": float}, ...] per query]}, or [[document, ...] per query] without scores; corpus rows are
+{"id": str, "contents": '"Title"\\ntext'} (data.load_corpus). The model sees the hits as
+rollout.format_passages writes them (Search-R1's `_passages2string`). Departures (hits and scores
+aligned, only scores > 0, ties by passage order): docs/departures.md, 28-31.
 
-    python retriever.py                                                  # demo on a built-in 5-passage corpus
-    python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] [--bm25 okapi]
-    python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000  # serve it (train.py --retriever-url ...)
+    python retriever.py                                   # a demo on a built-in 5-passage corpus
+    python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] \
+        [--bm25 okapi]
+    python scripts/retrieval_server.py --corpus CORPUS.jsonl --port 8000   # for --retriever-url
 """
 
 import argparse
@@ -40,32 +45,47 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
-from machinery.bm25 import ANALYZERS, BM25_VARIANTS, DEFAULT_ANALYZER, INDEX_VERSION, SparseBM25, top_k
+from machinery.bm25 import (
+    ANALYZERS,
+    BM25_VARIANTS,
+    DEFAULT_ANALYZER,
+    INDEX_VERSION,
+    SparseBM25,
+    top_k,
+)
 from machinery.data import DEMO_CORPUS, load_corpus
 
-SPARSE_ABOVE = 20_000  # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"  # sparse indexes
-CACHE_ABOVE = 1_000  # from_jsonl caches the sparse index of a corpus above this many passages (a smaller one: < 1 s)
-CLIENT_TIMEOUT = 30.0  # RemoteRetriever: seconds a server may stay silent before a try counts as failed
+# engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
+SPARSE_ABOVE = 20_000
+# sparse indexes
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"
+# from_jsonl caches the sparse index of a corpus above this many passages (a smaller one: < 1 s)
+CACHE_ABOVE = 1_000
+# RemoteRetriever: seconds a server may stay silent before a try counts as failed
+CLIENT_TIMEOUT = 30.0
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Search in this process: BM25 over a corpus held in memory
 
 
 class BM25Retriever:
-    """Exact BM25 top-k over an in-memory corpus: Lucene's scoring with its English analyzer (pyserini's, the default),
-    or rank-bm25's Okapi with \\w+ words, by rank_bm25.BM25Okapi or bm25.SparseBM25 (departure 3)."""
+    """Exact BM25 top-k over an in-memory corpus: Lucene's scoring with its English analyzer
+    (pyserini's, the default), or rank-bm25's Okapi with \\w+ words, by rank_bm25.BM25Okapi or
+    bm25.SparseBM25 (departure 3)."""
 
-    def __init__(self, corpus: list[dict], k1: float = 0.9, b: float = 0.4, engine: str = "auto", index=None,
+    def __init__(self, corpus: list[dict], k1: float = 0.9, b: float = 0.4, engine: str = "auto",
+                 index=None,
                  bm25: str = "lucene", analyzer: str | None = None):
-        """corpus: [D] rows {"id", "contents"} as data.load_corpus returns. k1, b: BM25 term-saturation and length-norm
-        constants (Anserini defaults). bm25: the scoring (`BM25_VARIANTS`): "lucene" (Lucene's BM25Similarity) or
-        "okapi" (rank-bm25's BM25Okapi), see SparseBM25. analyzer: text -> words (`ANALYZERS`); None: the variant's
-        own (`DEFAULT_ANALYZER`: "english" for lucene, "words" for okapi). engine: "rank_bm25" (rank-bm25 itself,
-        okapi only), "sparse" (okapi: the same scores; lucene: the only engine) or "auto" (lucene: sparse; okapi:
-        sparse above SPARSE_ABOVE passages). index: a prebuilt SparseBM25 of this corpus, variant and analyzer (from
-        the cache). Raises ValueError on an empty corpus, one without a single word (after the analyzer), an unknown
-        variant, analyzer or engine, or engine "rank_bm25" with bm25 "lucene"."""
+        """corpus: [D] rows {"id", "contents"} as data.load_corpus returns. k1, b: BM25
+        term-saturation and length-norm constants (Anserini defaults). bm25: the scoring
+        (`BM25_VARIANTS`): "lucene" (Lucene's BM25Similarity) or "okapi" (rank-bm25's BM25Okapi),
+        see SparseBM25. analyzer: text -> words (`ANALYZERS`); None: the variant's own
+        (`DEFAULT_ANALYZER`: "english" for lucene, "words" for okapi). engine: "rank_bm25"
+        (rank-bm25 itself, okapi only), "sparse" (okapi: the same scores; lucene: the only engine)
+        or "auto" (lucene: sparse; okapi: sparse above SPARSE_ABOVE passages). index: a prebuilt
+        SparseBM25 of this corpus, variant and analyzer (from the cache). Raises ValueError on an
+        empty corpus, one without a single word (after the analyzer), an unknown variant, analyzer
+        or engine, or engine "rank_bm25" with bm25 "lucene"."""
         if bm25 not in BM25_VARIANTS:
             raise ValueError(f"--bm25 must be one of {', '.join(BM25_VARIANTS)}; got {bm25!r}")
         analyzer = DEFAULT_ANALYZER[bm25] if analyzer is None else analyzer
@@ -74,86 +94,120 @@ class BM25Retriever:
         if engine not in ("auto", "rank_bm25", "sparse"):
             raise ValueError(f"engine must be 'auto', 'rank_bm25' or 'sparse', got {engine!r}")
         if engine == "rank_bm25" and bm25 != "okapi":
-            raise ValueError(f"engine 'rank_bm25' scores only --bm25 okapi (rank-bm25 has no Lucene BM25); use engine "
+            raise ValueError(f"engine 'rank_bm25' scores only --bm25 okapi (rank-bm25 has no "
+                             f"Lucene BM25); use engine "
                              f"'sparse' or 'auto' for --bm25 {bm25}")
         if not corpus:
             raise ValueError("corpus is empty: need at least one passage")
         self.analyze = ANALYZERS[analyzer]  # text -> [words]
-        if not any(self.analyze(row["contents"]) for row in corpus):  # stops at the first passage with a word
-            raise ValueError(f"corpus has no word tokens ({analyzer} analyzer): every passage is empty or punctuation"
+        # stops at the first passage with a word
+        if not any(self.analyze(row["contents"]) for row in corpus):
+            raise ValueError(f"corpus has no word tokens ({analyzer} analyzer): every passage is "
+                             f"empty or punctuation"
                              + (" or stop words" if analyzer == "english" else ""))
         self.corpus, self.variant, self.analyzer = corpus, bm25, analyzer
         self.engine = engine if engine != "auto" else \
             "sparse" if bm25 != "okapi" or len(corpus) > SPARSE_ABOVE else "rank_bm25"
         if index is None:
             docs = tqdm(corpus, desc="tokenize", unit="doc", disable=len(corpus) <= 50_000)
-            tokenized = (self.analyze(row["contents"]) for row in docs)  # [D] lists of words, made one at a time
+            # [D] lists of words, made one at a time
+            tokenized = (self.analyze(row["contents"]) for row in docs)
             if self.engine == "sparse":
                 index = SparseBM25.build(tokenized, k1=k1, b=b, variant=bm25)
             else:
-                index = BM25Okapi(tokenized, k1=k1, b=b)  # rank-bm25's default epsilon=0.25 floors negative idfs
+                # rank-bm25's default epsilon=0.25 floors negative idfs
+                index = BM25Okapi(tokenized, k1=k1, b=b)
         self.bm25 = index  # either engine: .get_scores(words) -> [D]
-        best = index.values.max() if isinstance(index, SparseBM25) else max(index.idf.values(), default=0.0)
-        if bm25 == "okapi" and not best > 0:  # NOTE(departure 29): only scores > 0 are hits, so none ever is
-            print(f"warning: --bm25 okapi finds no passage in this {len(corpus)}-passage corpus: rank-bm25's idf "
-                  "ln((N - df + 0.5) / (df + 0.5)) is <= 0 for every word (each is in half the passages or more); "
+        best = (
+            index.values.max()
+            if isinstance(index, SparseBM25)
+            else max(index.idf.values(), default=0.0)
+        )
+        # NOTE(departure 29): only scores > 0 are hits, so none ever is
+        if bm25 == "okapi" and not best > 0:
+            print(f"warning: --bm25 okapi finds no passage in this {len(corpus)}-passage corpus: "
+                  f"rank-bm25's idf "
+                  "ln((N - df + 0.5) / (df + 0.5)) is <= 0 for every word (each is in half the "
+                  "passages or more); "
                   "--bm25 lucene's is > 0", file=sys.stderr, flush=True)
 
     @classmethod
-    def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto", cache_dir=CACHE_DIR,
+    def from_jsonl(cls, path, k1: float = 0.9, b: float = 0.4, engine: str = "auto",
+                   cache_dir=CACHE_DIR,
                    bm25: str = "lucene", analyzer: str | None = None) -> "BM25Retriever":
-        """Build the index from a jsonl corpus file (errors as data.load_corpus and __init__). The sparse index of a
-        corpus of more than CACHE_ABOVE passages is read from, or written to, `cache_dir` (None: no cache), so the
-        second run over the corpus skips indexing (`index_cache_file`: one file per corpus, variant and analyzer). A
-        cache folder that cannot be written (read-only, full) costs one warning line on stderr, and the run goes on."""
+        """Build the index from a jsonl corpus file (errors as data.load_corpus and __init__). The
+        sparse index of a corpus of more than CACHE_ABOVE passages is read from, or written to,
+        `cache_dir` (None: no cache), so the second run over the corpus skips indexing
+        (`index_cache_file`: one file per corpus, variant and analyzer). A cache folder that cannot
+        be written (read-only, full) costs one warning line on stderr, and the run goes on."""
         corpus = load_corpus(path)
-        if bm25 not in BM25_VARIANTS:  # checked before the cache key is made (the first check of __init__)
+        # checked before the cache key is made (the first check of __init__)
+        if bm25 not in BM25_VARIANTS:
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
         analyzer = DEFAULT_ANALYZER[bm25] if analyzer is None else analyzer
-        sparse = engine == "sparse" or (engine == "auto" and (bm25 != "okapi" or len(corpus) > SPARSE_ABOVE))
-        if cache_dir is None or not sparse or len(corpus) <= CACHE_ABOVE or analyzer not in ANALYZERS:
+        sparse = engine == "sparse" or (
+            engine == "auto" and (bm25 != "okapi" or len(corpus) > SPARSE_ABOVE)
+        )
+        if (
+            cache_dir is None
+            or not sparse
+            or len(corpus) <= CACHE_ABOVE
+            or analyzer not in ANALYZERS
+        ):
             return cls(corpus, k1=k1, b=b, engine=engine, bm25=bm25, analyzer=analyzer)
         file = index_cache_file(path, k1, b, cache_dir, bm25, analyzer)
         try:
             index = load_index(file) if file.is_file() else None
-        except (OSError, ValueError) as err:  # a damaged file (killed writer, full disk, copy): rebuild it
+        # a damaged file (killed writer, full disk, copy): rebuild it
+        except (OSError, ValueError) as err:
             print(f"warning: rebuilding the unreadable BM25 index cache: {err}", file=sys.stderr)
             index = None
         if index is not None and index.num_docs == len(corpus) and index.variant == bm25:
-            return cls(corpus, k1=k1, b=b, engine="sparse", index=index, bm25=bm25, analyzer=analyzer)
+            return cls(corpus, k1=k1, b=b, engine="sparse", index=index, bm25=bm25,
+                       analyzer=analyzer)
         retriever = cls(corpus, k1=k1, b=b, engine="sparse", bm25=bm25, analyzer=analyzer)
-        try:  # the cache is optional: a read-only or full cache folder costs the next run the indexing, nothing more
-            for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):  # this corpus and variant's stale ones
+        # the cache is optional: a read-only or full cache folder costs the next run the indexing,
+        # nothing more
+        try:
+            # this corpus and variant's stale ones
+            for old in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.npz"):
                 old.unlink(missing_ok=True)
             save_index(retriever.bm25, file)
         except OSError as err:
-            print(f"warning: BM25 index cache not written to {file.parent} ({err.strerror or err}); going on without "
+            print(f"warning: BM25 index cache not written to {file.parent} "
+                  f"({err.strerror or err}); going on without "
                   "it (the next run indexes this corpus again)", file=sys.stderr)
         return retriever
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
-        """For each query, its best <= topk passages as [{"document": {"id", "contents"}, "score": float}, ...].
+        """For each query, its best <= topk passages as [{"document": {"id", "contents"}, "score":
+        float}, ...].
 
-        Matches the `/retrieve` response of Search-R1's retrieval_server.py (one list per query, best first), except
-        departures 28-31: only passages with score > 0 (i.e. containing a query word) are returned, ties keep passage
-        order, and an empty/whitespace/unknown-word query gives []. Raises ValueError if topk < 1, TypeError if
-        `queries` is a single string.
+        Matches the `/retrieve` response of Search-R1's retrieval_server.py (one list per query,
+        best first), except departures 28-31: only passages with score > 0 (i.e. containing a query
+        word) are returned, ties keep passage order, and an empty/whitespace/unknown-word query
+        gives []. Raises ValueError if topk < 1, TypeError if `queries` is a single string.
         """
         check_request(queries, topk)
         words = [self.analyze(query) for query in queries]  # [Q] word lists
-        live = [w for w in words if w]  # NOTE(departure 29): no word (empty, whitespace, stop words) -> no hits
-        if isinstance(self.bm25, SparseBM25):  # a turn's queries in one call, each from its posting lists
+        # NOTE(departure 29): no word (empty, whitespace, stop words) -> no hits
+        live = [w for w in words if w]
+        # a turn's queries in one call, each from its posting lists
+        if isinstance(self.bm25, SparseBM25):
             tops = iter(self.bm25.top_many(live, topk))
         else:  # rank-bm25: one [D] score vector per query, as Search-R1's BM25 _batch_search loops
             tops = ((order, scores[order]) for scores in map(self.bm25.get_scores, live)
-                    for order in [top_k(scores, topk)])  # [<=topk] best first; NOTE(departure 29): score > 0
-        # NOTE(departure 28): doc and score travel together, so they can never misalign or exceed topk (P23).
+                    # [<=topk] best first; NOTE(departure 29): score > 0
+                    for order in [top_k(scores, topk)])
+        # NOTE(departure 28): doc and score travel together, so they can never misalign or exceed
+        # topk (P23).
         return [[self._hit(i, score) for i, score in zip(*next(tops))] if w else [] for w in words]
 
     def prepare(self, say=None):
-        """Get the search ready now rather than in the first query: the sparse engine's compiled search
-        (SparseBM25.prepare: numba's compile or its cache, once per process, under a lock; one line saying what it
-        cost, to `say` or stderr). Nothing to do for rank-bm25 or the numpy path."""
+        """Get the search ready now rather than in the first query: the sparse engine's compiled
+        search (SparseBM25.prepare: numba's compile or its cache, once per process, under a lock;
+        one line saying what it cost, to `say` or stderr). Nothing to do for rank-bm25 or the numpy
+        path."""
         if isinstance(self.bm25, SparseBM25):
             self.bm25.prepare(say)
 
@@ -162,40 +216,59 @@ class BM25Retriever:
         return {"document": {"id": row["id"], "contents": row["contents"]}, "score": float(score)}
 
     def __str__(self):
-        return f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, {self.engine} engine)"
+        return (f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, "
+                f"{self.engine} engine)")
 
 
 def index_cache_file(corpus_path, k1: float, b: float, cache_dir, bm25: str, analyzer: str) -> Path:
-    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers the corpus file's
-    absolute path, size and modification time (as make and rsync judge a file changed), the BM25 variant and
-    parameters, and the analyzer with what decides its words (Python's Unicode tables; for "english" also the regex
-    and nltk versions): editing or replacing the corpus, or changing any of those, misses the cache. Each variant and
-    analyzer has its own file name, so indexes of one corpus under different scorings live side by side."""
+    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers
+    the corpus file's absolute path, size and modification time (as make and rsync judge a file
+    changed), the BM25 variant and parameters, and the analyzer with what decides its words
+    (Python's Unicode tables; for "english" also the regex and nltk versions): editing or replacing
+    the corpus, or changing any of those, misses the cache. Each variant and analyzer has its own
+    file name, so indexes of one corpus under different scorings live side by side."""
     path = Path(corpus_path).resolve()
     st = path.stat()
-    key = json.dumps([st.st_size, st.st_mtime_ns, k1, b, bm25, analyzer, analyzer_version(analyzer), INDEX_VERSION])
+    key = json.dumps(
+        [
+            st.st_size,
+            st.st_mtime_ns,
+            k1,
+            b,
+            bm25,
+            analyzer,
+            analyzer_version(analyzer),
+            INDEX_VERSION,
+        ]
+    )
 
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    return Path(cache_dir) / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
+    return (
+        Path(cache_dir)
+        / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
+    )
 
 
 def analyzer_version(analyzer: str) -> list[str]:
-    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower, \\w) and, for
-    "english", of the regex module (word boundaries) and nltk (the stemmer)."""
+    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower,
+    \\w) and, for "english", of the regex module (word boundaries) and nltk (the stemmer)."""
     versions = [unicodedata.unidata_version]
     if analyzer == "english":
         stemmer = importlib.util.find_spec("Stemmer") and importlib.metadata.version("PyStemmer")
-        versions += [importlib.metadata.version("regex"), importlib.metadata.version("nltk"), f"PyStemmer {stemmer}"]
+        versions += [importlib.metadata.version("regex"), importlib.metadata.version("nltk"),
+                     f"PyStemmer {stemmer}"]
     return versions
 
 
 def save_index(index: SparseBM25, path: Path):
-    """Write a sparse index as one .npz, atomically (temp file in the same folder, then rename). Raises OSError (a
-    read-only or full disk, a file where the folder should be) after removing the temp file."""
+    """Write a sparse index as one .npz, atomically (temp file in the same folder, then rename).
+    Raises OSError (a read-only or full disk, a file where the folder should be) after removing the
+    temp file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    words = np.frombuffer("\n".join(index.vocab).encode("utf-8"), dtype=np.uint8)  # no word holds a newline
+    # no word holds a newline
+    words = np.frombuffer("\n".join(index.vocab).encode("utf-8"), dtype=np.uint8)
     idf = np.zeros(0, np.float32) if index.idf is None else index.idf
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,32 +282,43 @@ def save_index(index: SparseBM25, path: Path):
 
 
 def load_index(path: Path) -> SparseBM25:
-    """Read an index written by `save_index`. Raises OSError if the file cannot be opened, and ValueError "<path>:
-    damaged index file (...)" for anything else np.load and the checks below can hit on a truncated, garbage or
-    foreign file (a zip's CRC catches flipped bits too), so that callers can rebuild on one exception type."""
+    """Read an index written by `save_index`. Raises OSError if the file cannot be opened, and
+    ValueError "<path>: damaged index file (...)" for anything else np.load and the checks below can
+    hit on a truncated, garbage or foreign file (a zip's CRC catches flipped bits too), so that
+    callers can rebuild on one exception type."""
     try:
-        with np.load(path) as z:  # allow_pickle=False: a garbage file is a ValueError, never unpickled
+        # allow_pickle=False: a garbage file is a ValueError, never unpickled
+        with np.load(path) as z:
             words = z["vocab"].tobytes().decode("utf-8").split("\n")
             variant = str(z["variant"])
-            index = SparseBM25({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"], z["values"],
-                               int(z["num_docs"]), variant, z["idf"] if variant == "lucene" else None)
-    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError, pickle.UnpicklingError) as e:
+            index = SparseBM25({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"],
+                               z["values"],
+                               int(z["num_docs"]), variant,
+                               z["idf"] if variant == "lucene" else None)
+    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError,
+            pickle.UnpicklingError) as e:
         raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
-    if (len(index.indptr) != len(words) + 1 or not index.indptr[-1] == len(index.docs) == len(index.values)
-            or variant not in BM25_VARIANTS or (variant == "lucene" and len(index.idf) != len(words))):
+    if (
+        len(index.indptr) != len(words) + 1
+        or not index.indptr[-1] == len(index.docs) == len(index.values)
+        or variant not in BM25_VARIANTS
+        or (variant == "lucene" and len(index.idf) != len(words))
+    ):
         raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
     return index
 
 
 class BadAnswer(ValueError, OSError):
-    """A /retrieve server's answer that is none: a rejected request (4xx) or a body of another shape. A ValueError by
-    meaning, and an OSError too, so that train.py and evaluate.py stop on it with one line at any step, as on a server
-    that stopped answering (checkpoint.io_errors_stop_the_run, evaluate.py's loop)."""
+    """A /retrieve server's answer that is none: a rejected request (4xx) or a body of another
+    shape. A ValueError by meaning, and an OSError too, so that train.py and evaluate.py stop on it
+    with one line at any step, as on a server that stopped answering
+    (checkpoint.io_errors_stop_the_run, evaluate.py's loop)."""
 
 
 def check_hits(result: list, url: str):
-    """Raise BadAnswer (one line, showing the first bad item) unless `result` holds, per query, a list of hits
-    {"document": {"contents": str, ...}, ...}: what rollout.format_passages and data.passage_title read."""
+    """Raise BadAnswer (one line, showing the first bad item) unless `result` holds, per query, a
+    list of hits {"document": {"contents": str, ...}, ...}: what rollout.format_passages and
+    data.passage_title read."""
     for hits in result:
         bad = hits if not isinstance(hits, list) else next(
             (h for h in hits if not (isinstance(h, dict) and isinstance(h.get("document"), dict)
@@ -242,8 +326,10 @@ def check_hits(result: list, url: str):
         if bad is not None:
             shown = json.dumps(bad, ensure_ascii=False)
             raise BadAnswer(f"retriever at {url} answered hits of another shape: "
-                            f"{shown if len(shown) <= 120 else shown[:117] + '...'}; a /retrieve server answers, per "
-                            'query, a list of {"document": {"id", "contents"}, "score"} (Search-R1\'s, with '
+                            f"{shown if len(shown) <= 120 else shown[:117] + '...'}; a /retrieve "
+                            f"server answers, per "
+                            'query, a list of {"document": {"id", "contents"}, "score"} '
+                            '(Search-R1\'s, with '
                             '"return_scores": true)')
 
 
@@ -255,75 +341,95 @@ def check_request(queries, topk):
         raise ValueError(f"topk must be >= 1, got {topk}")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Search-R1's HTTP API, the client (train.py / evaluate.py --retriever-url; the server: scripts/retrieval_server.py)
+# --------------------------------------------------------------------------------------------------
+# Search-R1's HTTP API, the client (train.py / evaluate.py --retriever-url; the server:
+# scripts/retrieval_server.py)
 
 
 class RemoteRetriever:
     """The retriever interface (search) over HTTP, against any Search-R1 /retrieve server: ours
-    (scripts/retrieval_server.py), or Search-R1's own retrieval_server.py (e5 + faiss, or pyserini BM25) for
-    paper-scale corpora."""
+    (scripts/retrieval_server.py), or Search-R1's own retrieval_server.py (e5 + faiss, or pyserini
+    BM25) for paper-scale corpora."""
 
-    def __init__(self, url: str, timeout: float = CLIENT_TIMEOUT, retries: int = 2, backoff: float = 1.0):
-        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve). timeout: seconds the
-        server may stay silent (connecting, or before its answer) before a try fails (train.py / evaluate.py
-        --retriever-timeout). retries: further tries after a failed connection, a timeout or a 5xx answer, waiting
-        backoff * 2^i seconds; a server that never answers costs (retries + 1) * timeout + backoff * (2^retries - 1)
-        seconds (defaults: 93 s) before the ConnectionError. Raises ValueError if timeout <= 0, retries < 0 or
-        backoff < 0."""
+    def __init__(self, url: str, timeout: float = CLIENT_TIMEOUT, retries: int = 2,
+                 backoff: float = 1.0):
+        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve).
+        timeout: seconds the server may stay silent (connecting, or before its answer) before a try
+        fails (train.py / evaluate.py --retriever-timeout). retries: further tries after a failed
+        connection, a timeout or a 5xx answer, waiting backoff * 2^i seconds; a server that never
+        answers costs (retries + 1) * timeout + backoff * (2^retries - 1) seconds (defaults: 93 s)
+        before the ConnectionError. Raises ValueError if timeout <= 0, retries < 0 or backoff <
+        0."""
         if not timeout > 0:
-            raise ValueError(f"retriever timeout must be > 0 seconds (--retriever-timeout), got {timeout}")
+            raise ValueError(f"retriever timeout must be > 0 seconds (--retriever-timeout), got "
+                             f"{timeout}")
         if retries < 0 or backoff < 0:
             raise ValueError(f"retries and backoff must be >= 0, got {retries} and {backoff}")
-        self.url = url if urllib.parse.urlsplit(url).path not in ("", "/") else url.rstrip("/") + "/retrieve"
+        self.url = (
+            url
+            if urllib.parse.urlsplit(url).path not in ("", "/")
+            else url.rstrip("/") + "/retrieve"
+        )
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
-        """As BM25Retriever.search, answered by the server (POST {"queries", "topk", "return_scores": true}).
+        """As BM25Retriever.search, answered by the server (POST {"queries", "topk",
+        "return_scores": true}).
 
-        Each failed try that is retried prints one warning line to stderr ("retriever at URL: no answer in 30 s (try 1
-        of 3); retrying in 1 s"). Raises ConnectionError (one line: what failed, after how long, how to start a server,
-        which flag sets the timeout) when every try failed, ValueError when the server rejects the request (4xx) or
-        answers with something that is not a /retrieve response (BadAnswer, also an OSError: it stops a run with one
-        line at any step)."""
+        Each failed try that is retried prints one warning line to stderr ("retriever at URL: no
+        answer in 30 s (try 1 of 3); retrying in 1 s"). Raises ConnectionError (one line: what
+        failed, after how long, how to start a server, which flag sets the timeout) when every try
+        failed, ValueError when the server rejects the request (4xx) or answers with something that
+        is not a /retrieve response (BadAnswer, also an OSError: it stops a run with one line at any
+        step)."""
         check_request(queries, topk)
         if not queries:
             return []
         body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url, data=body,
+                                         headers={"Content-Type": "application/json"})
         tries, t0 = self.retries + 1, time.monotonic()
         for attempt in range(tries):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     answer = json.load(response)
                 break
-            except urllib.error.HTTPError as err:  # the server answered: a 4xx is our fault, never worth retrying
+            # the server answered: a 4xx is our fault, never worth retrying
+            except urllib.error.HTTPError as err:
                 if err.code < 500:
-                    raise BadAnswer(f"retriever at {self.url} rejected the request: {err.code} {err.read()[:300]!r}")
+                    raise BadAnswer(f"retriever at {self.url} rejected the request: {err.code} "
+                                    f"{err.read()[:300]!r}")
                 why = f"HTTP {err.code} {err.reason}"
-            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:  # refused, reset,
-                why = self._describe(err)  # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
+            # refused, reset,
+            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:
+                # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
+                why = self._describe(err)
             if attempt + 1 == tries:
                 port = urllib.parse.urlsplit(self.url).port or 80
                 raise ConnectionError(
-                    f"retriever at {self.url} failed after {tries} tries in {time.monotonic() - t0:.1f} s (last: "
-                    f"{why}). Is the server up? Start one with: python scripts/retrieval_server.py --corpus CORPUS "
+                    f"retriever at {self.url} failed after {tries} tries in "
+                    f"{time.monotonic() - t0:.1f} s (last: "
+                    f"{why}). Is the server up? Start one with: python scripts/retrieval_server.py "
+                    f"--corpus CORPUS "
                     f"--port {port}; a slow server needs more than {self.timeout:g} s per request: "
                     "--retriever-timeout SECONDS"
                 ) from None
             wait = self.backoff * 2**attempt
-            print(f"warning: retriever at {self.url}: {why} (try {attempt + 1} of {tries}); retrying in {wait:g} s",
+            print(f"warning: retriever at {self.url}: {why} (try {attempt + 1} of {tries}); "
+                  f"retrying in {wait:g} s",
                   file=sys.stderr, flush=True)
             time.sleep(wait)
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
-            raise BadAnswer(f"retriever at {self.url} answered no 'result' list of {len(queries)} hit lists")
+            raise BadAnswer(f"retriever at {self.url} answered no 'result' list of {len(queries)} "
+                            f"hit lists")
         check_hits(result, self.url)
         return result
 
     def _describe(self, err: Exception) -> str:
         """A failed try in a few words: "no answer in 30 s", "connection refused", ..."""
-        reason = err.reason if isinstance(err, urllib.error.URLError) else err  # URLError wraps connect() errors
+        # URLError wraps connect() errors
+        reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
             return f"no answer in {self.timeout:g} s"
         if isinstance(reason, ConnectionRefusedError):
@@ -338,13 +444,15 @@ class RemoteRetriever:
         return f"retriever at {self.url}"
 
 
-def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR, timeout: float = CLIENT_TIMEOUT,
+def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR,
+                   timeout: float = CLIENT_TIMEOUT,
                    bm25: str = "lucene"):
-    """The retriever train.py and evaluate.py use: a RemoteRetriever when `url` is set (checked with one query, so a
-    server that is down fails before the model loads), else an in-process BM25Retriever over the jsonl `corpus`,
-    scored by `bm25` (--bm25: "lucene" or "okapi", each with its own analyzer; a server's is set where it starts).
-    timeout: the RemoteRetriever's seconds per try (--retriever-timeout; unused without `url`). The in-process one is
-    prepared (`BM25Retriever.prepare`), so a run's first search does not pay numba's compile. Raises as
+    """The retriever train.py and evaluate.py use: a RemoteRetriever when `url` is set (checked with
+    one query, so a server that is down fails before the model loads), else an in-process
+    BM25Retriever over the jsonl `corpus`, scored by `bm25` (--bm25: "lucene" or "okapi", each with
+    its own analyzer; a server's is set where it starts). timeout: the RemoteRetriever's seconds per
+    try (--retriever-timeout; unused without `url`). The in-process one is prepared
+    (`BM25Retriever.prepare`), so a run's first search does not pay numba's compile. Raises as
     BM25Retriever.from_jsonl, or ConnectionError / ValueError as RemoteRetriever."""
     if not url:
         retriever = BM25Retriever.from_jsonl(corpus, engine=engine, cache_dir=cache_dir, bm25=bm25)
@@ -355,22 +463,29 @@ def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_
     return retriever
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    from rollout import format_passages  # what the model sees of the hits (imported here: a server needs no torch)
+    # what the model sees of the hits (imported here: a server needs no torch)
+    from rollout import format_passages
 
-    parser = argparse.ArgumentParser(description="BM25 search over a jsonl corpus; no arguments runs a toy demo.",
-                                     epilog="To serve a corpus over HTTP (Search-R1's POST /retrieve, for train.py and "
-                                     "evaluate.py --retriever-url): python scripts/retrieval_server.py --corpus CORPUS "
+    parser = argparse.ArgumentParser(description="BM25 search over a jsonl corpus; no arguments "
+                                     "runs a toy demo.",
+                                     epilog="To serve a corpus over HTTP (Search-R1's POST "
+                                     "/retrieve, for train.py and "
+                                     "evaluate.py --retriever-url): python "
+                                     "scripts/retrieval_server.py --corpus CORPUS "
                                      "--port 8000")
     parser.add_argument("queries", nargs="*", help="one or more query strings (needs --corpus)")
     parser.add_argument("--corpus", help="jsonl corpus with {'id', 'contents'} rows")
-    parser.add_argument("--topk", type=int, default=3, help="passages per query (Search-R1 default 3)")
+    parser.add_argument("--topk", type=int, default=3,
+                        help="passages per query (Search-R1 default 3)")
     parser.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (Anserini default)")
     parser.add_argument("--b", type=float, default=0.4, help="BM25 b (Anserini default)")
-    parser.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS, help="scoring: lucene (Lucene's "
-                        "BM25 and English analyzer, as pyserini) or okapi (rank-bm25's BM25Okapi, \\w+ words)")
+    parser.add_argument("--bm25", default=BM25_VARIANTS[0], choices=BM25_VARIANTS,
+                        help="scoring: lucene (Lucene's "
+                        "BM25 and English analyzer, as pyserini) or okapi (rank-bm25's BM25Okapi, "
+                        "\\w+ words)")
     parser.add_argument("--engine", default="auto", choices=["auto", "rank_bm25", "sparse"],
                         help="BM25 engine (rank_bm25: --bm25 okapi only)")
     args = parser.parse_args()
@@ -381,16 +496,20 @@ if __name__ == "__main__":
 
     if args.corpus is None:  # toy demo: 5 passages, expected output in the comments
         try:
-            retriever = BM25Retriever(DEMO_CORPUS, k1=args.k1, b=args.b, engine=args.engine, bm25=args.bm25)
-        except ValueError as err:  # --engine rank_bm25 with --bm25 lucene: one clear line, no traceback
+            retriever = BM25Retriever(DEMO_CORPUS, k1=args.k1, b=args.b, engine=args.engine,
+                                      bm25=args.bm25)
+        # --engine rank_bm25 with --bm25 lucene: one clear line, no traceback
+        except ValueError as err:
             raise SystemExit(f"error: {err}") from None
         print(retriever.analyze("capital of France"))
-        # ['capit', 'franc']   lucene: "of" is a stop word, the rest Porter stems (okapi: ['capital', 'of', 'france'])
+        # ['capit', 'franc']   lucene: "of" is a stop word, the rest Porter stems
+        #                      (okapi: ['capital', 'of', 'france'])
         for hit in retriever.search(["capital of France"], topk=3)[0]:
             print(hit["document"]["id"], round(hit["score"], 4))
         # 0 0.9449   "Paris": capit + franc (each in 2 of 5 passages: idf ln(1 + 3.5/2.5) = 0.8755)
         # 1 0.4724   "Berlin": capit
-        # 2 0.4357   "Eiffel Tower": franc, in a longer passage ("Rhine" and "Apple" match nothing: never shown)
+        # 2 0.4357   "Eiffel Tower": franc, in a longer passage
+        #            ("Rhine" and "Apple" match nothing: never shown)
         # (okapi: 1.0247, 0.6832, 0.3251: "of" counts there, idf ln(3.5/2.5) = 0.3365 per word)
         print(format_passages(retriever.search(["Rhine"], topk=3)[0]), end="")
         # Doc 1(Title: "Rhine") The Rhine flows through Germany and the Netherlands.
@@ -399,16 +518,19 @@ if __name__ == "__main__":
     else:
         t0 = time.perf_counter()
         try:
-            retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b, engine=args.engine,
+            retriever = BM25Retriever.from_jsonl(args.corpus, k1=args.k1, b=args.b,
+                                                 engine=args.engine,
                                              bm25=args.bm25)
         except (FileNotFoundError, ValueError) as err:  # bad input: one clear line, no traceback
             raise SystemExit(f"error: {err}") from None
         print(f"index: {retriever} in {time.perf_counter() - t0:.2f}s")
-        retriever.prepare()  # numba's compile (or its cache), where it is used, apart from the first query's time
+        # numba's compile (or its cache), where it is used, apart from the first query's time
+        retriever.prepare()
         for query in args.queries:
             t0 = time.perf_counter()
             hits = retriever.search([query], topk=args.topk)[0]
-            print(f"\nquery: {query!r}  ({len(hits)} hits, {1000 * (time.perf_counter() - t0):.1f} ms)")
+            print(f"\nquery: {query!r}  ({len(hits)} hits, {1000 * (time.perf_counter() - t0):.1f} "
+                  f"ms)")
             for rank, hit in enumerate(hits, start=1):
                 print(f"  {rank}. id={hit['document']['id']} score={hit['score']:.4f}")
             print(format_passages(hits) if hits else "(no passage contains a query word)", end="")

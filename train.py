@@ -1,15 +1,19 @@
-"""Train a search agent with GRPO + LLDS, in the paper's order: rollout -> reward -> group advantages -> log-probs ->
-loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save, as the official LLDS code (a veRL 0.1 fork of
-Search-R1, dp_actor.py) runs it. Each step's trajectories feed several optimizer mini-batches: from the second on, the
-policy is no longer the one that sampled, which is where LLDS acts (with one update per batch the Delta of v2 Sec.
-5.5 is ~0; the authors' script makes 512 x 5 / 256 = 10 updates per rollout batch). Below: Args, `main` (the loop),
-`update` (Eq. 6), then what a run starts from and the command line; the bookkeeping is machinery/run.py's.
+"""Train a search agent with GRPO + LLDS, in the paper's order: rollout -> reward -> group
+advantages -> log-probs -> loss = L_GRPO + lambda * L_LLDS (Eq. 6) -> diagnostics -> save, as the
+official LLDS code (a veRL 0.1 fork of Search-R1, dp_actor.py) runs it. Each step's trajectories
+feed several optimizer mini-batches: from the second on, the policy is no longer the one that
+sampled, which is where LLDS acts (with one update per batch the Delta of v2 Sec. 5.5 is ~0; the
+authors' script makes 512 x 5 / 256 = 10 updates per rollout batch). Below: Args, `main` (the loop),
+`update` (Eq. 6), then what a run starts from and the command line; the bookkeeping is
+machinery/run.py's.
 
-    python train.py --model Qwen/Qwen2.5-3B --llds 0.2                # the paper's setting (a big GPU, the hub)
-    python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16       # one smaller GPU
-    torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp --grad-ckpt  # 8 GPUs
+    python train.py --model Qwen/Qwen2.5-3B --llds 0.2     # the paper's setting: a big GPU, the hub
+    python train.py --model Qwen/Qwen2.5-0.5B-Instruct --llds 0.1 --prompts-per-step 16    # one GPU
+    torchrun --nproc_per_node 8 train.py --model Qwen/Qwen2.5-7B-Instruct --llds 0.3 --fsdp \
+        --grad-ckpt                                                                         # 8 GPUs
 
---out-dir gets metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ (--resume <out-dir> continues it); see --help.
+--out-dir gets metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ (--resume <out-dir> continues
+it); see --help.
 """
 
 import contextlib
@@ -47,72 +51,101 @@ from machinery.run import (Run, add_metrics, check_health, clock, log_step, make
                            mean_metrics, parse_dataclass, perf)
 from machinery.tracking import TRACKERS, missing_tracker, numbers, tracker
 
+
 @dataclass
 class Args:
     # --- model
-    model: str = "Qwen/Qwen2.5-0.5B-Instruct"  # hub id, model folder, checkpoint or run folder, or .gguf file
-    dtype: str = "auto"  # weights: float32 | bfloat16 | auto (float32; bf16 compute comes from --amp or FSDP)
-    amp: str = "auto"  # bf16 autocast over fp32 weights: auto (one GPU) | bf16 (CPUs with AVX512-BF16/AMX too) | off
+    # hub id, model folder, checkpoint or run folder, or .gguf file
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    # weights: float32 | bfloat16 | auto (float32; bf16 compute comes from --amp or FSDP)
+    dtype: str = "auto"
+    # bf16 autocast over fp32 weights: auto (one GPU) | bf16 (CPUs with AVX512-BF16/AMX too) | off
+    amp: str = "auto"
     device: str = "auto"  # cpu | cuda | auto
     seed: int = 0  # seeds python, numpy and torch (sampling and data order)
     # --- data and retrieval
-    train_data: str = "data/hotpotqa/hotpotqa_train.jsonl"  # FlashRAG .jsonl/.parquet or hub id[:config]
-    corpus: str = "data/hotpotqa/corpus.jsonl"  # passages, jsonl {"id", "contents": '"Title"\\ntext'}
-    retriever_url: str = ""  # a Search-R1 /retrieve server (scripts/retrieval_server.py); "" = in-process BM25
-    retriever_timeout: float = 30.0  # seconds per --retriever-url request (3 tries, a warning after each failure)
-    bm25: str = "lucene"  # lucene (pyserini's BM25 + English analyzer) | okapi (rank-bm25); in-process only
+    # FlashRAG .jsonl/.parquet or hub id[:config]
+    train_data: str = "data/hotpotqa/hotpotqa_train.jsonl"
+    # passages, jsonl {"id", "contents": '"Title"\\ntext'}
+    corpus: str = "data/hotpotqa/corpus.jsonl"
+    # a Search-R1 /retrieve server (scripts/retrieval_server.py); "" = in-process BM25
+    retriever_url: str = ""
+    # seconds per --retriever-url request (3 tries, a warning after each failure)
+    retriever_timeout: float = 30.0
+    # lucene (pyserini's BM25 + English analyzer) | okapi (rank-bm25); in-process only
+    bm25: str = "lucene"
     # --- rollout
     prompts_per_step: int = 512  # questions per rollout batch (paper: 512)
     group_size: int = 5  # G, trajectories per question (paper: 5)
-    max_turns: int = 3  # search-enabled generations before the answer-only one (LLDS: 3; Search-R1: 4)
+    # search-enabled generations before the answer-only one (LLDS: 3; Search-R1: 4)
+    max_turns: int = 3
     max_new_tokens: int = 500  # tokens per generation turn (paper: 500)
     max_obs_tokens: int = 500  # tokens per <information> block (paper: 500)
     topk: int = 3  # passages per search
     temperature: float = 1.0  # sampling temperature; log-probs use the same one (P17)
     top_p: float = 0.95  # nucleus sampling (the code's yaml default; the paper says 1.0)
-    gen_batch_size: str = "auto"  # rows per generate call: a count, or auto: as many as the free memory holds
-    generator: str = "cb"  # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (machinery/engine.py)
+    # rows per generate call: a count, or auto: as many as the free memory holds
+    gen_batch_size: str = "auto"
+    # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (machinery/engine.py)
+    generator: str = "cb"
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
-    clip_eps_high: float = None  # upper clip 1 + clip_eps_high (DAPO clip-higher: 0.28); unset = --clip-eps
+    # upper clip 1 + clip_eps_high (DAPO clip-higher: 0.28); unset = --clip-eps
+    clip_eps_high: float = None
     kl_coef: float = 0.001  # weight of the KL to the frozen initial policy (0: no reference model)
     kl_type: str = "k3"  # k1 | k2 | k3 (= low_var_kl, the code's)
     entropy_coef: float = 0.001  # entropy bonus (in the code, not in the paper)
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean (Eq. 1) | seq-mean-token-sum-norm
-    calib_adv: float = 0.0  # CalibAdv's calibrated advantages (grpo.calibadv_advantages) at this target ratio; 0 = off
+    # token-mean | seq-mean-token-mean (Eq. 1) | seq-mean-token-sum-norm
+    loss_agg: str = "token-mean"
+    # CalibAdv's calibrated advantages (grpo.calibadv_advantages) at this target ratio; 0 = off
+    calib_adv: float = 0.0
     # --- LLDS
-    llds: float = 0.2  # lambda (paper: 0.2; 0.3 for 7B-Instruct); 0 = plain GRPO (LLDS metrics still logged)
+    # lambda (paper: 0.2; 0.3 for 7B-Instruct); 0 = plain GRPO (LLDS metrics still logged)
+    llds: float = 0.2
     llds_gate: str = "action"  # action (LLDS-A, the paper's) | response | token (no gate)
-    llds_norm: str = "code"  # code (all response tokens; published numbers) | paper (Eq. 4; Eqs. 9/10)
-    llds_ma: str = "off"  # answer-span weight (Eq. 5): off | code | fixed | paper (docs/training.md)
+    # code (all response tokens; published numbers) | paper (Eq. 4; Eqs. 9/10)
+    llds_norm: str = "code"
+    # answer-span weight (Eq. 5): off | code | fixed | paper (docs/training.md)
+    llds_ma: str = "off"
     llds_ma_weight: float = 0.2  # w, the code's MASK_WEIGHT, for --llds-ma code and fixed
     # --- optimisation
     steps: int = 1005  # rollout steps (paper: 1005)
     lr: float = 1e-6  # AdamW learning rate (paper: 1e-6)
-    warmup_ratio: float = 0.285  # linear warmup from 0 over this fraction of the steps, then constant
+    # linear warmup from 0 over this fraction of the steps, then constant
+    warmup_ratio: float = 0.285
     weight_decay: float = 0.01  # AdamW weight decay (veRL default)
     grad_clip: float = 1.0  # global grad-norm clip
-    mini_batch_size: int = 256  # trajectories per optimizer step (paper: 256: 10 updates per rollout step)
-    micro_batch_size: int = None  # trajectories per forward/backward (P14); unset: the memory plan picks 8, 4, 2 or 1
+    # trajectories per optimizer step (paper: 256: 10 updates per rollout step)
+    mini_batch_size: int = 256
+    # trajectories per forward/backward (P14); unset: the memory plan picks 8, 4, 2 or 1
+    micro_batch_size: int = None
     max_bad_steps: int = 5  # stop after this many consecutive non-finite (skipped) optimizer steps
     # --- memory and ranks
     fsdp: bool = False  # shard the policy and reference over the torchrun ranks (machinery/fsdp.py)
-    grad_ckpt: bool = None  # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
-    ref_dtype: str = "auto"  # reference weights: auto (bfloat16 on a GPU or a CPU with bf16 units) | bfloat16 | float32
+    # recompute each layer in backward (~1.3x compute); unset: on if the memory plan needs it
+    grad_ckpt: bool = None
+    # reference weights: auto (bfloat16 on a GPU or a CPU with bf16 units) | bfloat16 | float32
+    ref_dtype: str = "auto"
     ref_offload: bool = False  # reference on disk (OUT_DIR/.ref), loaded for its pass only
     # --- logging and checkpoints
     out_dir: str = "runs/default"  # metrics.jsonl, rollouts_step{N}.jsonl and checkpoints/ go here
     log_rollouts_every: int = 10  # write a few full trajectories every N steps (and at step 1)
     num_log_rollouts: int = 4  # trajectories per rollouts file
-    save_every: int = 10  # checkpoint every N steps (also at the last step, on Ctrl-C and on SIGTERM)
-    keep_checkpoints: int = 1  # complete checkpoints to keep (an old one goes only once a newer one is complete)
+    # checkpoint every N steps (also at the last step, on Ctrl-C and on SIGTERM)
+    save_every: int = 10
+    # complete checkpoints to keep (an old one goes only once a newer one is complete)
+    keep_checkpoints: int = 1
     alarm_k: int = 3  # LLD alarm after this many steps of non-rising correct-response likelihood
-    probe_questions: int = 8  # LLD probe: questions whose step-0 trajectories are re-scored (probe.py); 0 = off
+    # LLD probe: questions whose step-0 trajectories are re-scored (probe.py); 0 = off
+    probe_questions: int = 8
     probe_every: int = 1  # re-score the probe trajectories every N steps (the probe/* keys)
-    report_to: str = "off"  # also send each step's metrics to: off | tensorboard | wandb | trackio (pip install it)
-    resume: str = ""  # run folder (its newest complete checkpoint) or checkpoints/step_N folder to continue exactly
-    overwrite: bool = False  # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
+    # also send each step's metrics to: off | tensorboard | wandb | trackio (pip install it)
+    report_to: str = "off"
+    # run folder (its newest complete checkpoint) or checkpoints/step_N folder to continue exactly
+    resume: str = ""
+    # start afresh in an --out-dir that holds a run (deletes its metrics and checkpoints)
+    overwrite: bool = False
 
 
 
@@ -127,7 +160,7 @@ def main(args: Args, rerun: str = ""):
     model = enable_grad_ckpt(run.model) if args.grad_ckpt else run.model
     model = shard(model) if args.fsdp else model
     optimizer, scheduler = make_optimizer(model, args)
-    history, order, start, bad = [], [], 1, 0  # order: this epoch's questions to come; bad: skipped optimizer steps
+    history, order, start, bad = [], [], 1, 0  # order: questions left; bad: skipped steps
     if run.state:
         restore(model, optimizer, scheduler, run.state)
         history, order, bad = run.state["history"], run.state["order"], run.state["bad"]
@@ -138,39 +171,39 @@ def main(args: Args, rerun: str = ""):
     generate = GENERATORS[args.generator](  # sampling
         model, tokenizer, stop_strings=STOP_STRINGS, batch_size=args.gen_batch_size,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
-    # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk or a dead retrieval server: one line, not a traceback
+    # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk, a dead server: one line
     with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
           checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
         steps = range(start, args.steps + 1)
         for step in tqdm(steps, desc="steps", dynamic_ncols=True, disable=rank != 0):
             t0 = clock(device)
-            seed = args.seed + step - 1
+            seed = args.seed + step - 1  # the data order's
             prompts, order = next_prompts(run.rows, order, args.prompts_per_step, seed)
             prompts = prompts[rank::world]  # this rank's prompts: whole groups stay on one rank
-            # 1. rollout: G trajectories per prompt (Search-R1's loop), reward = exact match of the final <answer>
+            # 1. rollout: G trajectories a prompt (Search-R1's loop), reward = EM of the answer
             with full_weights(model), amp(), diverged_sampling(step):
                 episodes = rollout(generate, tokenizer, prompts, run.retriever.search,
                                    group_size=args.group_size, max_turns=args.max_turns,
                                    max_obs_tokens=args.max_obs_tokens, topk=args.topk)
             t_rollout = clock(device)
-            # 2. group-relative advantages (Eq. 1); groups keyed by the rollout's prompt id, not a dataset index (P4)
+            # 2. group-relative advantages (Eq. 1), groups keyed by the rollout's prompt id (P4)
             rewards = torch.tensor([e.reward for e in episodes])
             adv = group_advantages(rewards, [e.group_id for e in episodes])  # [B]
-            # 3. log-probs of the sampling policy and of the reference, in the update's micro-batches
+            # 3. log-probs of the sampling policy and the reference, in the update's micro-batches
             batch = collate(episodes, tokenizer.pad_token_id)
-            with amp():
-                later_old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)  # [B - b, T]
-                ref_logp = logp_pass(run.ref(), batch, args, vocab_size, world) if run.ref else None  # [B, T]
-            weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # LLDS-MA (Eq. 5), or None
-            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)  # or None
+            with amp():  # [B - b, T] (update gives the first mini-batch's b rows) and [B, T]
+                later_old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)
+                ref_logp = logp_pass(run.ref(), batch, args, vocab_size, world) if run.ref else None
+            weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # Eq. 5/None
+            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)
             t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
-            per_mini, grad_norms, stepped, old_logp = update(
+            per_mini, grad_norms, stepped, old_logp = update(  # mini-batch: this rank's share
                 model, optimizer, batch, later_old_logp, ref_logp, adv, weight, args, vocab_size,
-                args.mini_batch_size // world, amp(cache=False), pg_adv)  # mini-batch: this rank's share
+                args.mini_batch_size // world, amp(cache=False), pg_adv)
             lr = optimizer.param_groups[0]["lr"]  # the lr this step used
             scheduler.step()
-            # 5. diagnostics: how the likelihood of correct and incorrect responses moved (v2 Sec. 4-5), the LLD alarm
+            # 5. diagnostics: how correct and incorrect responses' likelihood moved (Sec. 4-5)
             with amp():
                 new_logp = logp_pass(model, batch, args, vocab_size, world)
             diagnostics = step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini,
@@ -205,25 +238,31 @@ def main(args: Args, rerun: str = ""):
 
 def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args, vocab_size: int,
            mini_batch_size: int, amp=contextlib.nullcontext(), pg_adv=None):
-    """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated over micro-batches.
+    """The optimizer steps of one rollout step (Eq. 6): one per mini-batch, gradients accumulated
+    over micro-batches.
 
-    batch: collate() of this rank's B trajectories; ref_logp (or None), weight (LLDS-MA, or None) [B, T]; adv [B];
-    pg_adv [B, T] the policy gradient's (--calib-adv; None: adv). old_logp: the sampling policy's log-probs, [B, T],
-    or [B - b, T] without the first mini-batch's b rows, which are then the update's own first forward, detached:
-    taken before any optimizer step, it is the sampling policy's (the same floats: tests/test_train.py).
-    mini_batch_size: this rank's share of a mini-batch, whose token and sequence counts are summed over ranks (P14),
-    so the loss is the one a single process would get. amp: around each micro-batch's forward and loss.
-    Returns (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the optimizer
-    stepped, False if a non-finite loss or grad norm skipped it; old_logp [B, T], every row).
+    batch: collate() of this rank's B trajectories; ref_logp (or None), weight (LLDS-MA, or None)
+    [B, T]; adv [B]; pg_adv [B, T] the policy gradient's (--calib-adv; None: adv). old_logp: the
+    sampling policy's log-probs, [B, T], or [B - b, T] without the first mini-batch's b rows, which
+    are then the update's own first forward, detached: taken before any optimizer step, it is the
+    sampling policy's (the same floats: tests/test_train.py). mini_batch_size: this rank's share of
+    a mini-batch, whose token and sequence counts are summed over ranks (P14), so the loss is the
+    one a single process would get. amp: around each micro-batch's forward and loss. Returns
+    (metrics per mini-batch, reduced over ranks; pre-clip grad norms; per mini-batch True if the
+    optimizer stepped, False if a non-finite loss or grad norm skipped it; old_logp [B, T], every
+    row).
     """
-    device, a_t = next(model.parameters()).device, adv if pg_adv is None else pg_adv  # A_i,t of the policy gradient
+    # A_i,t of the policy gradient
+    device, a_t = next(model.parameters()).device, adv if pg_adv is None else pg_adv
     loss_mask = batch["loss_mask"]
     B = loss_mask.shape[0]
-    own = B - old_logp.shape[0]  # rows of the first mini-batch whose old log-probs come from its own forward
+    # rows of the first mini-batch whose old log-probs come from its own forward
+    own = B - old_logp.shape[0]
     per_mini, grad_norms, stepped, first_old = [], [], [], []
     for m0 in range(0, B, mini_batch_size):
         mini = slice(m0, min(m0 + mini_batch_size, B))
-        pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)  # [b] Y_pre responses with a model token
+        # [b] Y_pre responses with a model token
+        pre = (adv[mini] >= 0) & (loss_mask[mini].sum(-1) > 0)
         counts = [loss_mask[mini].sum(), pre.sum(), mini.stop - mini.start]
         num_tokens, num_pre, num_seqs = all_reduce(counts)  # over ranks
         num_tokens, num_pre = max(num_tokens, 1.0), max(int(num_pre), 1)
@@ -233,12 +272,14 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         for u0 in range(mini.start, mini.stop, args.micro_batch_size):
             rows = slice(u0, min(u0 + args.micro_batch_size, mini.stop))
 
-            def dev(x, rows=rows):  # this micro-batch's rows of a [B, ...] tensor (or None), on the model's device
+            # this micro-batch's rows of a [B, ...] tensor (or None), on the model's device
+            def dev(x, rows=rows):
                 return None if x is None else x[rows].to(device)
             with amp:
                 logp, entropy = response_logp(model, batch, rows, args.temperature, vocab_size,
                                               with_entropy=True)
-                if rows.start < own:  # the first mini-batch, before any optimizer step: the rollout policy's
+                # the first mini-batch, before any optimizer step: the rollout policy's
+                if rows.start < own:
                     first_old.append(logp.detach())
                     old = first_old[-1]
                 else:
@@ -258,7 +299,8 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
             loss.backward()
             loss_sum += loss.item()
             add_metrics(mb, {**m_pg, **m_llds}, REDUCE)
-        keys = sorted(mb)  # the same keys on every rank: sum the partial sums and weighted sums, max the maxima
+        # the same keys on every rank: sum the partial sums and weighted sums, max the maxima
+        keys = sorted(mb)
         sums, maxes = all_reduce([mb[k] for k in keys]), all_reduce([mb[k] for k in keys], "max")
         reduced = {k: mx if REDUCE[k] == "max" else sm for k, sm, mx in zip(keys, sums, maxes)}
         per_mini.append(mean_metrics(reduced, REDUCE))
@@ -268,20 +310,23 @@ def update(model, optimizer, batch, old_logp, ref_logp, adv, weight, args: Args,
         stepped.append(bool(np.isfinite(loss_sum) and np.isfinite(grad_norms[-1])))
         if stepped[-1]:
             optimizer.step()
-        else:  # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
+        # a NaN/inf guard: skip the update rather than write NaN into the weights and Adam moments
+        else:
             print0(f"non-finite loss {loss_sum} or grad norm {grad_norms[-1]}: update skipped")
         optimizer.zero_grad(set_to_none=True)
     first_old = [x.to(old_logp.device, old_logp.dtype) for x in first_old]
     return per_mini, grad_norms, stepped, torch.cat([*first_old, old_logp])
 
 
-REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}  # metric -> how micro-batch values combine: "sum", "max" or ("mean", weight)
+# metric -> how micro-batch values combine: "sum", "max" or ("mean", weight)
+REDUCE = {**GRPO_REDUCE, **LLDS_REDUCE}
 
 
 def logp_pass(model, batch, args: Args, vocab_size: int, world: int, skip_first: bool = False):
-    """policy.batch_logp [B, T] in the update's own micro-batches, which restart at each of this rank's mini-batches
-    (the same rows padded together: the same floats); skip_first: [B - b, T], without the first mini-batch's b rows
-    (`update`'s own first forward gives them: with one mini-batch a step, no pass at all)."""
+    """policy.batch_logp [B, T] in the update's own micro-batches, which restart at each of this
+    rank's mini-batches (the same rows padded together: the same floats); skip_first: [B - b, T],
+    without the first mini-batch's b rows (`update`'s own first forward gives them: with one
+    mini-batch a step, no pass at all)."""
     mini = args.mini_batch_size // world
     skip = mini if skip_first else 0  # rows the update gives itself
     return batch_logp(model, batch, args.micro_batch_size, args.temperature, vocab_size, skip, mini)
@@ -289,8 +334,9 @@ def logp_pass(model, batch, args: Args, vocab_size: int, world: int, skip_first:
 
 def llds_ma_weight(episodes, answer_mask: torch.Tensor,
                    args: Args) -> tuple[torch.Tensor | None, dict]:
-    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of Episode.num_valid_searches over
-    every rank's trajectories (dp_actor.py:275-277); (None, {}) with --llds-ma off."""
+    """LLDS-MA (v2 Eq. 5): llds.ma_weight [B, T] and its metrics, V = the mean of
+    Episode.num_valid_searches over every rank's trajectories (dp_actor.py:275-277); (None, {}) with
+    --llds-ma off."""
     if args.llds_ma == "off":
         return None, {}
     n, total = all_reduce([len(episodes), sum(e.num_valid_searches for e in episodes)])
@@ -300,11 +346,13 @@ def llds_ma_weight(episodes, answer_mask: torch.Tensor,
 
 def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, grad_norms, stepped,
                  lr, args: Args):
-    """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss metrics, and the
-    paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's monitoring keys (llds.official_metrics)."""
+    """The step's metrics over every rank's trajectories: the rollout's, the mini-batches' mean loss
+    metrics, and the paper's likelihood diagnostics (v2 Sec. 4-5) with the official code's
+    monitoring keys (llds.official_metrics)."""
     mask, old, new = gather_rows(batch["loss_mask"]), gather_rows(old_logp), gather_rows(new_logp)
     stats = gather_rows(episode_stats(episodes))  # [B over all ranks, 5]
-    metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}  # mean over the mini-batches
+    # mean over the mini-batches
+    metrics = {k: float(np.mean([m[k] for m in per_mini])) for k in per_mini[0]}
     metrics["grpo/grad_norm"] = float(np.mean(grad_norms))
     metrics["grpo/skipped_steps"] = stepped.count(False)
     metrics["grpo/lr"] = lr
@@ -318,15 +366,18 @@ def step_metrics(episodes, batch, adv, old_logp, new_logp, ref_logp, per_mini, g
 
 
 def load_run(args: Args, rank: int, world: int, device: str) -> Run:
-    """What a run starts from (machinery.run.Run), all checked before step 1: the checkpoint to resume and its state
-    (or None), the questions, the retriever, the policy, its tokenizer, the reference and the fixed probe (sampled
-    now, by the starting policy). Bad input exits with one line."""
+    """What a run starts from (machinery.run.Run), all checked before step 1: the checkpoint to
+    resume and its state (or None), the questions, the retriever, the policy, its tokenizer, the
+    reference and the fixed probe (sampled now, by the starting policy). Bad input exits with one
+    line."""
     out_dir = Path(args.out_dir)
     try:
         ckpt, state, clear = checkpoint.open_run(out_dir, args.resume, args.overwrite, warn=print0)
-        if rank == 0 and (problem := checkpoint.write_problem(out_dir)):  # a file, read-only, a full disk
+        # a file, read-only, a full disk
+        if rank == 0 and (problem := checkpoint.write_problem(out_dir)):
             raise ValueError(f"--out-dir {args.out_dir}: cannot write there ({problem})")
-        corpus = "" if args.retriever_url else args.corpus  # "": a --retriever-url server needs no corpus file
+        # "": a --retriever-url server needs no corpus file
+        corpus = "" if args.retriever_url else args.corpus
         for flag, path in (("--train-data", args.train_data), ("--corpus", corpus)):
             default = getattr(Args, flag[2:].replace("-", "_"))
             if problem := missing_input(flag, path, default=default):
@@ -338,34 +389,45 @@ def load_run(args: Args, rank: int, world: int, device: str) -> Run:
             raise ValueError(f"--prompts-per-step {args.prompts_per_step} is more than the "
                              f"{len(rows)} questions in {args.train_data}: "
                              "each step takes that many distinct questions")
-        dtype = "float32" if args.dtype == "auto" else args.dtype  # fp32 master weights; bf16 passes: --amp or FSDP
+        # fp32 master weights; bf16 passes: --amp or FSDP
+        dtype = "float32" if args.dtype == "auto" else args.dtype
         model, tokenizer, device = load_policy(str(ckpt) if ckpt else args.model, dtype, device)
-        args.ref_dtype = reference_dtype(args.ref_dtype, device)  # before the run's config is written
+        # before the run's config is written
+        args.ref_dtype = reference_dtype(args.ref_dtype, device)
         check_obs_budget(tokenizer, args.max_obs_tokens)
         max_positions = getattr(model.config, "max_position_embeddings", None) or 1e9
         prompt_tokens = longest_prompt(tokenizer, rows, max_positions)
         if rank == 0:
             checkpoint.prepare_out_dir(out_dir, clear, dataclasses.asdict(args))
-            if args.ref_offload and args.kl_coef != 0.0:  # the reference, written once in --ref-dtype
+            # the reference, written once in --ref-dtype
+            if args.ref_offload and args.kl_coef != 0.0:
                 save_reference(args.model, args.ref_dtype, tokenizer, out_dir / ".ref")
 
-        def reference(offload_dir=None):  # the frozen initial policy (--model, also when resuming) for the KL term
+        # the frozen initial policy (--model, also when resuming) for the KL term
+        def reference(offload_dir=None):
             ref = load_reference(args.model, args.ref_dtype, device, offload_dir)
             return shard(ref) if args.fsdp else ref
-        kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None  # else read back for each pass
+        # else read back for each pass
+        kept = reference() if args.kl_coef != 0.0 and not args.ref_offload else None
 
-        def ref_model():  # the reference for one pass: the kept one, or read back from --ref-offload's folder
+        # the reference for one pass: the kept one, or read back from --ref-offload's folder
+        def ref_model():
             return kept if kept is not None else reference(out_dir / ".ref")
-        amp = autocast(args.amp, device, args.dtype)  # one process's passes (FSDP's bf16 is its own)
+        # one process's passes (FSDP's bf16 is its own)
+        amp = autocast(args.amp, device, args.dtype)
         bf16 = (args.fsdp and "cuda" in device) or isinstance(amp(), torch.autocast)
-        least_free = -all_reduce([-free_memory(device)], "max")[0]  # every rank plans for the least free memory
-        rank_rows = math.ceil(args.prompts_per_step / world) * args.group_size  # trajectories per rank and step
-        args.gen_batch_size, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(  # the plan's choices
+        # every rank plans for the least free memory
+        least_free = -all_reduce([-free_memory(device)], "max")[0]
+        # trajectories per rank and step
+        rank_rows = math.ceil(args.prompts_per_step / world) * args.group_size
+        # the plan's choices
+        args.gen_batch_size, args.micro_batch_size, args.grad_ckpt, plan = memory_plan(
             model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world,
             rows=rank_rows, prompt_tokens=prompt_tokens,
             update=(args.micro_batch_size, args.grad_ckpt),
             turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
-        rows_each = min(args.probe_questions, len(rows)) // world * args.group_size  # probe responses a rank
+        # probe responses a rank
+        rows_each = min(args.probe_questions, len(rows)) // world * args.group_size
         sample = GENERATORS[args.generator](
             model, tokenizer, stop_strings=STOP_STRINGS, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p,
@@ -378,10 +440,12 @@ def load_run(args: Args, rank: int, world: int, device: str) -> Run:
             amp=autocast(args.amp, device, args.dtype, args.fsdp), amp0=amp0, rank=rank,
             world=world, resumed=bool(ckpt), warn=print0, group_size=args.group_size,
             max_turns=args.max_turns, max_obs_tokens=args.max_obs_tokens, topk=args.topk)
-    except (OSError, ValueError) as err:  # OSError: missing files, an unreachable server or hub, a read-only disk
+    # OSError: missing files, an unreachable server or hub, a read-only disk
+    except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     if dist.is_initialized():
-        dist.barrier()  # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
+        # rank 0 has cleared an --overwrite out-dir and written the offloaded reference
+        dist.barrier()
     per_step = args.prompts_per_step * args.group_size  # trajectories a step
     updates = math.ceil(per_step / args.mini_batch_size)  # optimizer steps per rollout step
     print0(f"{len(rows)} questions | {retriever} | {world} x {device}, reference {args.ref_dtype} "
@@ -394,7 +458,7 @@ def load_run(args: Args, rank: int, world: int, device: str) -> Run:
     return Run(ckpt, state, rows, retriever, model, tokenizer, device, ref, probe)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The command line: Args' valid values, checked before the run starts
 
 NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coef", "entropy_coef",
@@ -402,7 +466,8 @@ NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coe
 COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
           "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
           "save_every", "keep_checkpoints", "probe_every")
-RANGES = {  # Args field -> (valid?, the valid range in words); every value is checked before the run starts
+# Args field -> (valid?, the valid range in words); every value is checked before the run starts
+RANGES = {
     **dict.fromkeys(NON_NEGATIVE, (lambda v: v >= 0, ">= 0")),
     **dict.fromkeys(COUNTS, (lambda v: v is None or v >= 1, ">= 1")),  # None: unset
     **dict.fromkeys(("temperature", "lr", "grad_clip"), (lambda v: v > 0, "> 0")),
@@ -415,7 +480,9 @@ RANGES = {  # Args field -> (valid?, the valid range in words); every value is c
                        "an integer >= 1 or auto"),
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
-CHOICES = {  # Args field -> its valid values, taken from the table that implements them (one edit adds a variant)
+# Args field -> its valid values, taken from the table that implements them (one edit adds a
+# variant)
+CHOICES = {
     "policy_loss": tuple(POLICY_LOSSES),
     "kl_type": tuple(KL_ESTIMATORS),
     "loss_agg": tuple(AGGREGATIONS),
@@ -432,14 +499,17 @@ CHOICES = {  # Args field -> its valid values, taken from the table that impleme
 
 
 def parse_args(argv=None) -> Args:
-    """argparse over the Args fields: --field-name VALUE for each, help from the field's comment, grouped by the
-    `# --- section` comments. Bad values exit with one line naming the flag and the valid range (RANGES, CHOICES)."""
+    """argparse over the Args fields: --field-name VALUE for each, help from the field's comment,
+    grouped by the `# --- section` comments. Bad values exit with one line naming the flag and the
+    valid range (RANGES, CHOICES)."""
     args, error = parse_dataclass(Args, __doc__, RANGES, CHOICES, argv)
-    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high  # unset: symmetric
+    # unset: symmetric
+    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
     if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
         error(f"--report-to {args.report_to}: {problem}")
     per_step = args.prompts_per_step * args.group_size  # trajectories a step
-    if args.llds > 0 and per_step <= args.mini_batch_size:  # the LLDS arm of a comparison would equal plain GRPO
+    # the LLDS arm of a comparison would equal plain GRPO
+    if args.llds > 0 and per_step <= args.mini_batch_size:
         print(f"warning: --llds {args.llds:g} with one update a step: LLDS is inert "
               f"(its Delta is 0 at an on-policy update); give --mini-batch-size < {per_step} "
               "(the trajectories a step) for several updates a step (the paper: 10)",
@@ -455,5 +525,6 @@ if __name__ == "__main__":
     args = parse_args()
     try:
         main(args)
-    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without saving the step in progress
+    # a second Ctrl-C: stopped at once, without saving the step in progress
+    except KeyboardInterrupt:
         raise SystemExit(f"interrupted. {checkpoint.resume_note(Path(args.out_dir))}") from None

@@ -1,7 +1,7 @@
 """What the concepts at the top level run on, kept out of their way.
 
-The root holds the paper (retriever.py, rollout.py, grpo.py, llds.py, train.py, evaluate.py, and probe.py, its
-instrument); this package holds what they need and the paper does not discuss:
+The root holds the paper (retriever.py, rollout.py, grpo.py, llds.py, train.py, evaluate.py, and
+probe.py, its instrument); this package holds what they need and the paper does not discuss:
 
     data.py        question rows and passage corpora from .jsonl / .parquet files or the hub
     bm25.py        the BM25 index behind retriever.py (bm25_numba/: its compiled top-k search)
@@ -13,5 +13,6 @@ instrument); this package holds what they need and the paper does not discuss:
     paper.py       the paper's reported figures, for comparisons
     tracking.py    metrics to tensorboard / wandb
 
-Its modules import each other and never a file of the root. Demos run as modules: `python -m machinery.engine`.
+Its modules import each other and never a file of the root. Demos run as modules: `python -m
+machinery.engine`.
 """

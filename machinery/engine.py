@@ -1,19 +1,26 @@
-"""Decoding engines for rollout's `generate(contexts) -> new ids` seam, chosen by train.py/evaluate.py `--generator`.
+"""Decoding engines for rollout's `generate(contexts) -> new ids` seam, chosen by
+train.py/evaluate.py `--generator`.
 
-Each samples a turn y ~ pi_theta(. | context) token by token from softmax(logits / temperature), cut to the top_p
-nucleus, until the first EOS, </search> or </answer>; all three keep departures 6-8 (docs/departures.md: ids beyond the
-tokenizer never sampled, a turn stops at its first tag, sampling by temperature and top_p only).
-  `hf` (`hf_generator`): Hugging Face's `model.generate` with one GenerationConfig; it re-prefills each row's whole
-      context (prompt + all earlier actions and observations) every turn, and a call decodes until its longest row
+Each samples a turn y ~ pi_theta(. | context) token by token from softmax(logits / temperature), cut
+to the top_p nucleus, until the first EOS, </search> or </answer>; all three keep departures 6-8
+(docs/departures.md: ids beyond the tokenizer never sampled, a turn stops at its first tag, sampling
+by temperature and top_p only).
+  `hf` (`hf_generator`): Hugging Face's `model.generate` with one GenerationConfig; it re-prefills
+    each row's whole
+      context (prompt + all earlier actions and observations) every turn, and a call decodes until
+        its longest row
       stops: rows that stopped keep their slot as padding.
-  `hf-kv` (`kv_generator`): the same calls, each call's KV cache (transformers' DynamicCache) of gen_batch_size rows
+  `hf-kv` (`kv_generator`): the same calls, each call's KV cache (transformers' DynamicCache) of
+    gen_batch_size rows
       kept from one turn to the next, so a turn feeds only what the row does not have cached.
-  `cb` (`cb_generator`, the default): our own decode loop over at most gen_batch_size slots (continuous batching): a
-      row that stops leaves its slot at once and the next waiting row is prefilled into it; KV is kept across turns.
-hf-kv and cb sample from hf's distribution and keep a turn's ids as hf does; where they depart from it (which rows
-share a forward pass, what memory they hold): docs/departures.md, 22-27. Figures: docs/scaling.md ("Generation
-engines"). Run `python -m machinery.engine` for a demo: greedy turns of a tiny random model, the three engines,
-the same ids.
+  `cb` (`cb_generator`, the default): our own decode loop over at most gen_batch_size slots
+    (continuous batching): a
+      row that stops leaves its slot at once and the next waiting row is prefilled into it; KV is
+        kept across turns.
+hf-kv and cb sample from hf's distribution and keep a turn's ids as hf does; where they depart from
+it (which rows share a forward pass, what memory they hold): docs/departures.md, 22-27. Figures:
+docs/scaling.md ("Generation engines"). Run `python -m machinery.engine` for a demo: greedy turns of
+a tiny random model, the three engines, the same ids.
 """
 
 import collections
@@ -23,30 +30,37 @@ import torch
 from transformers import GenerationConfig
 
 
-
 def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
-                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True,
+                 batch_size: int = 64,
                  logits_processor=None):
-    """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded contexts.
+    """The Hugging Face engine for `rollout`: batched, KV-cached `model.generate` over left-padded
+    contexts.
 
-    stop_strings: a turn ends at the first of them, kept in the turn (rollout.STOP_STRINGS, departure 7).
-    max_new_tokens: per generation turn (500 in the paper). temperature/top_p: sampling (paper code 1.0 / 0.95), and
-    nothing else (departure 8, P17); do_sample=False is greedy (evaluation). batch_size: rows per generate call
-    (memory). logits_processor: extra processors (tests script the policy with one). Stops at the first EOS (the
-    model's generation_config EOS ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are
-    never sampled (departure 6, P16).
+    stop_strings: a turn ends at the first of them, kept in the turn (rollout.STOP_STRINGS,
+    departure 7). max_new_tokens: per generation turn (500 in the paper). temperature/top_p:
+    sampling (paper code 1.0 / 0.95), and nothing else (departure 8, P17); do_sample=False is greedy
+    (evaluation). batch_size: rows per generate call (memory). logits_processor: extra processors
+    (tests script the policy with one). Stops at the first EOS (the model's generation_config EOS
+    ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are never
+    sampled (departure 6, P16).
 
-    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with generate.eos_ids (a frozenset).
-    A row that stopped early is padded to the longest row of its call; `cut_turn` drops the padding.
+    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with
+    generate.eos_ids (a frozenset). A row that stopped early is padded to the longest row of its
+    call; `cut_turn` drops the padding.
     """
     eos_ids = model.generation_config.eos_token_id
-    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
+    eos_ids = set(
+        eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else []
+    )
     eos_ids.add(tokenizer.eos_token_id)
     pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
     gen_cfg = GenerationConfig(  # NOTE(departure 8): temperature and top_p only (P17)
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
+        max_new_tokens=max_new_tokens, do_sample=do_sample,
+        temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(stop_strings),  # NOTE(departure 7)
+        # NOTE(departure 7)
+        eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(stop_strings),
         suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # NOTE(departure 6) (P16)
     )
 
@@ -56,12 +70,17 @@ def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
         for i in range(0, len(contexts), batch_size):
             batch = contexts[i:i + batch_size]
             width = max(len(c) for c in batch)
-            input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])  # [n, L] left-padded
-            # NOTE(departure 3): mask by position, not `ids != pad`, which erases real EOS when pad == eos (P9)
-            attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])  # [n, L]
+            # [n, L] left-padded
+            input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])
+            # NOTE(departure 3): mask by position, not `ids != pad`, which erases real EOS when pad
+            # == eos (P9)
+            # [n, L]
+            attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])
             with torch.no_grad(), decode_attention(device):
-                ids = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                     generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
+                ids = model.generate(input_ids=input_ids.to(device),
+                                     attention_mask=attention_mask.to(device),
+                                     generation_config=gen_cfg, tokenizer=tokenizer,
+                                     logits_processor=logits_processor)
             out += ids[:, width:].tolist()  # [n, new]
         return out
 
@@ -70,10 +89,11 @@ def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
 
 
 def _kept_prefix(tokens: list[int], mask: list[int], context: list[int]) -> tuple[int, int]:
-    """How much of one cached row a new context reuses. tokens/mask: [W] a row's cached positions; context: the new
-    context's ids. Returns (p, k): positions < p are kept (they hold context[:k], in order, with the padding between
-    them), positions >= p get mask 0. At least one token is left to feed (k < len(context)), since generate needs a
-    last position to predict from; p = -1 when the row's real tokens are not a prefix of the context at all."""
+    """How much of one cached row a new context reuses. tokens/mask: [W] a row's cached positions;
+    context: the new context's ids. Returns (p, k): positions < p are kept (they hold context[:k],
+    in order, with the padding between them), positions >= p get mask 0. At least one token is left
+    to feed (k < len(context)), since generate needs a last position to predict from; p = -1 when
+    the row's real tokens are not a prefix of the context at all."""
     p = k = 0
     for p, (t, m) in enumerate(zip(tokens, mask)):
         if m:
@@ -86,33 +106,41 @@ def _kept_prefix(tokens: list[int], mask: list[int], context: list[int]) -> tupl
 
 
 def _extends(context: list[int], prev: list[int]) -> bool:
-    """Whether `context` is a later turn of the row last given `prev`: rollout only appends (kept ids, then an
-    observation or the invalid-action message), so a later context is strictly longer."""
+    """Whether `context` is a later turn of the row last given `prev`: rollout only appends (kept
+    ids, then an observation or the invalid-action message), so a later context is strictly
+    longer."""
     return len(context) > len(prev) and context[:len(prev)] == prev
 
 
 def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
-                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True,
+                 batch_size: int = 64,
                  logits_processor=None):
-    """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across turns. Arguments as
-    hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids, sampling).
-    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row that stopped early is padded to
-    its call's longest row: `cut_turn` drops it), with generate.eos_ids (a frozenset), and generate.reset() to drop the
-    kept caches (rollout need not call it: a context that extends no kept row starts afresh).
+    """The `hf-kv` engine: hf_generator's `model.generate`, with each call's KV cache kept across
+    turns. Arguments as hf_generator (same GenerationConfig: stop strings, EOS ids, suppressed ids,
+    sampling). Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids (a row
+    that stopped early is padded to its call's longest row: `cut_turn` drops it), with
+    generate.eos_ids (a frozenset), and generate.reset() to drop the kept caches (rollout need not
+    call it: a context that extends no kept row starts afresh).
 
-    How a cached row is extended (n rows of a call, W cached positions, P the longest new piece): the cache holds
-    W = sequences.shape[1] - 1 positions a row (the last sampled token has no KV yet), `tokens`, `mask` [n, W] say what.
-    The row's cached real tokens that prefix its next context are kept; later positions (a tail `cut_turn` dropped, HF's
-    padding after the row stopped) are masked to 0 and stay as holes; the rest of the context is left-padded to P and
-    fed after position W. Position ids are HF's (the mask's cumsum), so the logits are the re-prefilled path's up to
-    float rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too while a turn's rows fit one call (a
-    rounding difference at a top-p boundary can move one sample, not the distribution).
+    How a cached row is extended (n rows of a call, W cached positions, P the longest new piece):
+    the cache holds W = sequences.shape[1] - 1 positions a row (the last sampled token has no KV
+    yet), `tokens`, `mask` [n, W] say what. The row's cached real tokens that prefix its next
+    context are kept; later positions (a tail `cut_turn` dropped, HF's padding after the row
+    stopped) are masked to 0 and stay as holes; the rest of the context is left-padded to P and fed
+    after position W. Position ids are HF's (the mask's cumsum), so the logits are the re-prefilled
+    path's up to float rounding: greedy ids match exactly (tests/test_engine.py); sampled ids too
+    while a turn's rows fit one call (a rounding difference at a top-p boundary can move one sample,
+    not the distribution).
     """
     base = hf_generator(model, tokenizer, stop_strings=stop_strings, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, do_sample=do_sample, batch_size=batch_size,
+                        temperature=temperature, top_p=top_p, do_sample=do_sample,
+                        batch_size=batch_size,
                         logits_processor=logits_processor)
     gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
-    calls = []  # per call: {"cache", "tokens": [n, W] list rows, "mask": [n, W] list rows, "contexts": [n] lists}
+    # per call: {"cache", "tokens": [n, W] list rows, "mask": [n, W] list rows, "contexts": [n]
+    # lists}
+    calls = []
 
     def fresh(contexts):
         calls.clear()
@@ -134,20 +162,26 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
         with torch.no_grad(), decode_attention(device):
             ids = model.generate(input_ids=torch.tensor(tokens, device=device),
                                  attention_mask=torch.tensor(mask, device=device), cache=cache,
-                                 generation_config=gen_cfg, tokenizer=tokenizer, logits_processor=logits_processor)
+                                 generation_config=gen_cfg, tokenizer=tokenizer,
+                                 logits_processor=logits_processor)
         width = len(tokens[0])
         seq = ids.tolist()  # [n, width + new]
-        call["cache"] = cache  # holds width + new - 1 positions: the last sampled token has no KV yet
+        # holds width + new - 1 positions: the last sampled token has no KV yet
+        call["cache"] = cache
         call["tokens"] = [row[:-1] for row in seq]
         call["mask"] = [m + [1] * (len(seq[0]) - 1 - width) for m in mask]
         return [row[width:] for row in seq]
 
     def match(contexts):
-        """(call, row) of each context, in order, or None if one extends no kept row (a new rollout starts)."""
+        """(call, row) of each context, in order, or None if one extends no kept row (a new rollout
+        starts)."""
         plan, ci, ri = [], 0, 0
         for c in contexts:
-            while ci < len(calls) and (ri == len(calls[ci]["contexts"]) or not _extends(c, calls[ci]["contexts"][ri])):
-                ci, ri = (ci + 1, 0) if ri == len(calls[ci]["contexts"]) else (ci, ri + 1)  # rows that finished
+            while ci < len(calls) and (
+                ri == len(calls[ci]["contexts"]) or not _extends(c, calls[ci]["contexts"][ri])
+            ):
+                # rows that finished
+                ci, ri = (ci + 1, 0) if ri == len(calls[ci]["contexts"]) else (ci, ri + 1)
             if ci == len(calls):
                 return None
             plan.append((ci, ri))
@@ -164,21 +198,27 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
             if not rows:  # every row of this call finished: free its cache
                 call["cache"] = None
                 continue
-            if len(rows) < len(call["tokens"]):  # NOTE(departure 22): finished rows leave; never refilled
-                call["cache"].batch_select_indices(torch.tensor([r for _, r in rows], device=device))
+            # NOTE(departure 22): finished rows leave; never refilled
+            if len(rows) < len(call["tokens"]):
+                call["cache"].batch_select_indices(
+                    torch.tensor([r for _, r in rows], device=device)
+                )
             tokens, mask, tails = [], [], []
             for j, r in rows:
                 p, k = _kept_prefix(call["tokens"][r], call["mask"][r], contexts[j])
                 tokens.append(call["tokens"][r])
-                mask.append(call["mask"][r][:p] + [0] * (len(call["mask"][r]) - p))  # dropped tail: a masked hole
+                # dropped tail: a masked hole
+                mask.append(call["mask"][r][:p] + [0] * (len(call["mask"][r]) - p))
                 tails.append(contexts[j][k:])
             width = max(len(x) for x in tails)
             tokens = [t + [pad] * (width - len(x)) + x for t, x in zip(tokens, tails)]  # [n, W + P]
-            mask = [m + [0] * (width - len(x)) + [1] * len(x) for m, x in zip(mask, tails)]  # [n, W + P]
+            # [n, W + P]
+            mask = [m + [0] * (width - len(x)) + [1] * len(x) for m, x in zip(mask, tails)]
             call["contexts"] = [contexts[j] for j, _ in rows]
             for (j, _), new in zip(rows, run(call, tokens, mask), strict=True):
                 out[j] = new
-        calls[:] = [c for c in calls if c["cache"] is not None]  # NOTE(departure 23): the others stay
+        # NOTE(departure 23): the others stay
+        calls[:] = [c for c in calls if c["cache"] is not None]
         return out
 
     generate.eos_ids = base.eos_ids
@@ -187,10 +227,12 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
 
 
 def _processors(gen_cfg, extra, device):
-    """hf's logits processors for gen_cfg, in generate's order (GenerationMixin._get_logits_processor, transformers
-    5.24): ids beyond the tokenizer suppressed (departure 6), the caller's `extra`, then, when sampling, temperature
-    (if != 1) and top_p (if < 1) (departure 8). Returns a LogitsProcessorList: (ids [n, S], scores [n, V]) -> [n, V]."""
-    from transformers import (LogitsProcessorList, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+    """hf's logits processors for gen_cfg, in generate's order
+    (GenerationMixin._get_logits_processor, transformers 5.24): ids beyond the tokenizer suppressed
+    (departure 6), the caller's `extra`, then, when sampling, temperature (if != 1) and top_p (if <
+    1) (departure 8). Returns a LogitsProcessorList: (ids [n, S], scores [n, V]) -> [n, V]."""
+    from transformers import (LogitsProcessorList, SuppressTokensLogitsProcessor,
+                              TemperatureLogitsWarper,
                               TopPLogitsWarper)
 
     procs = LogitsProcessorList()
@@ -205,14 +247,23 @@ def _processors(gen_cfg, extra, device):
 
 
 def _left_pad(tensors: list, width: int, dim: int, value=0):
-    """Pad each tensor on the left of `dim` to `width` with `value` and concatenate them along dim 0."""
-    return torch.cat([torch.cat([t.new_full((*t.shape[:dim], width - t.shape[dim], *t.shape[dim + 1:]), value), t], dim)
-                      for t in tensors])
+    """Pad each tensor on the left of `dim` to `width` with `value` and concatenate them along dim
+    0."""
+    return torch.cat(
+        [
+            torch.cat(
+                [t.new_full((*t.shape[:dim], width - t.shape[dim], *t.shape[dim + 1 :]), value), t],
+                dim,
+            )
+            for t in tensors
+        ]
+    )
 
 
 class _Row:
-    """One context of a `cb` call: `context` [L] ids, `new` the ids sampled so far, `past` the kept KV of its first
-    `k` ids ([(K, V)] per layer, each [1, H, k, Dh]; None when nothing is kept), `out` its index in the call."""
+    """One context of a `cb` call: `context` [L] ids, `new` the ids sampled so far, `past` the kept
+    KV of its first `k` ids ([(K, V)] per layer, each [1, H, k, Dh]; None when nothing is kept),
+    `out` its index in the call."""
 
     def __init__(self, out: int, context: list[int]):
         self.out, self.context, self.new, self.past, self.k = out, context, [], None, 0
@@ -222,10 +273,11 @@ class _Row:
 
 
 def _roomy_layer(room: int):
-    """A KV cache layer for `cb`: transformers' DynamicLayer, whose keys and values [n, H, W, Dh] are the first W
-    columns of a buffer with `room` more: update() writes a step's column in place where DynamicLayer copies the whole
-    cache (torch.cat) at every step; full, it moves to a new buffer. cb never batch-selects or crops a cache. cb's room,
-    the steps its rows can still take, keeps a buffer within the widest context + max_new_tokens."""
+    """A KV cache layer for `cb`: transformers' DynamicLayer, whose keys and values [n, H, W, Dh]
+    are the first W columns of a buffer with `room` more: update() writes a step's column in place
+    where DynamicLayer copies the whole cache (torch.cat) at every step; full, it moves to a new
+    buffer. cb never batch-selects or crops a cache. cb's room, the steps its rows can still take,
+    keeps a buffer within the widest context + max_new_tokens."""
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):
@@ -233,12 +285,16 @@ def _roomy_layer(room: int):
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             w, p = self.get_seq_length(), key_states.shape[-2]
-            if w == 0 or w + p > self.room_keys.shape[-2]:  # a new buffer: the cached columns, the new, `room`
-                self.room_keys, self.room_values = (x.new_empty(*x.shape[:2], w + p + room, x.shape[-1])
-                                                    for x in (key_states, value_states))
+            # a new buffer: the cached columns, the new, `room`
+            if w == 0 or w + p > self.room_keys.shape[-2]:
+                self.room_keys, self.room_values = (
+                    x.new_empty(*x.shape[:2], w + p + room, x.shape[-1])
+                    for x in (key_states, value_states)
+                )
                 if w:
                     self.room_keys[:, :, :w], self.room_values[:, :, :w] = self.keys, self.values
-            self.room_keys[:, :, w:w + p], self.room_values[:, :, w:w + p] = key_states, value_states
+            self.room_keys[:, :,
+                           w:w + p], self.room_values[:, :, w:w + p] = key_states, value_states
             self.keys, self.values = self.room_keys[:, :, :w + p], self.room_values[:, :, :w + p]
             return self.keys, self.values
 
@@ -246,77 +302,102 @@ def _roomy_layer(room: int):
 
 
 def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
-                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True, batch_size: int = 64,
+                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True,
+                 batch_size: int = 64,
                  logits_processor=None):
-    """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves its slot at once
-    and the next waiting row takes it (continuous batching); a row's KV is kept across turns while no waiting row needs
-    its slot (departure 26), so a later turn prefills only its new tokens.
+    """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves
+    its slot at once and the next waiting row takes it (continuous batching); a row's KV is kept
+    across turns while no waiting row needs its slot (departure 26), so a later turn prefills only
+    its new tokens.
 
-    Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where hf's would (its
-    EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal hf's (up to float rounding:
-    tests/test_engine.py).
-    Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, each ending at its stop (no padding),
-    with generate.eos_ids (a frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
+    Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where
+    hf's would (its EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal
+    hf's (up to float rounding: tests/test_engine.py). Returns generate(contexts: [N] lists of token
+    ids) -> [N] lists of new ids, each ending at its stop (no padding), with generate.eos_ids (a
+    frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
 
-    How a turn runs (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV heads):
-      * each running row is compact and right-aligned: its cached ids are its last columns of the cache [n, H, W, Dh]
-        (left padding masked), its ids (context + sampled so far) the last ones of `seq` [n, S];
-      * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample (softmax +
-        multinomial) or argmax; a row stops on hf's own criteria (EosTokenCriteria, StopStringCriteria) or
-        max_new_tokens and leaves at once (the columns only it used go too); the others decode one token at position =
-        their count of cached ids;
-      * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV, each row compacted
-        (torch.gather) and joined on the left-padded cache, with room for the steps left (`_roomy_layer`: in place).
+    How a turn runs (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV
+    heads):
+      * each running row is compact and right-aligned: its cached ids are its last columns of the
+        cache [n, H, W, Dh] (left padding masked), its ids (context + sampled so far) the last ones
+        of `seq` [n, S];
+      * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample
+        (softmax + multinomial) or argmax; a row stops on hf's own criteria (EosTokenCriteria,
+        StopStringCriteria) or max_new_tokens and leaves at once (the columns only it used go too);
+        the others decode one token at position = their count of cached ids;
+      * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV,
+        each row compacted (torch.gather) and joined on the left-padded cache, with room for the
+        steps left (`_roomy_layer`: in place).
     """
-    from transformers import DynamicCache, EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
+    from transformers import (
+        DynamicCache,
+        EosTokenCriteria,
+        StopStringCriteria,
+        StoppingCriteriaList,
+    )
     from transformers.cache_utils import DynamicLayer
 
     base = hf_generator(model, tokenizer, stop_strings=stop_strings, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, do_sample=do_sample, batch_size=batch_size,
+                        temperature=temperature, top_p=top_p, do_sample=do_sample,
+                        batch_size=batch_size,
                         logits_processor=logits_processor)
     gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
     stops = StoppingCriteriaList([EosTokenCriteria(gen_cfg.eos_token_id),
                                   StopStringCriteria(tokenizer, gen_cfg.stop_strings)])
-    kept = []  # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is held, KV)
+    # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is
+    # held, KV)
+    kept = []
 
     def make_cache(kv, room=0):
-        """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room` (`_roomy_layer`)."""
+        """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room`
+        (`_roomy_layer`)."""
         cache = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in cache.layers):  # NOTE(departure 27)
-            raise ValueError("--generator cb needs full-attention layers (no sliding window): use --generator hf")
+            raise ValueError("--generator cb needs full-attention layers (no sliding window): use "
+                             "--generator hf")
         cache.layers = [_roomy_layer(room) for _ in cache.layers]
         for layer, (keys, values) in zip(cache.layers, kv or []):
             layer.update(keys, values)
         return cache
 
     def steps_left(rows):
-        """The most decode steps the rows can still take: the columns their cache can still gain (its room)."""
+        """The most decode steps the rows can still take: the columns their cache can still gain
+        (its room)."""
         return max(max_new_tokens - len(r.new) for r in rows)
 
     def forward(ids, mask, pos, cache):
-        """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P]) -> the last
-        position's float32 logits [n, V], as hf's; the cache grows to W + P."""
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+        """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P])
+        -> the last position's float32 logits [n, V], as hf's; the cache grows to W + P."""
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                    use_cache=True,
                     logits_to_keep=1)
         return out.logits[:, -1].to(copy=True, dtype=torch.float32)
 
     def prefill(rows, device):
-        """The rows' uncached ids on top of their kept KV (left-padded to Wp), themselves left-padded to P; then each
-        row compacted so that its real positions are its last ones. Returns (logits [m, V], KV [m, H, W, Dh])."""
+        """The rows' uncached ids on top of their kept KV (left-padded to Wp), themselves
+        left-padded to P; then each row compacted so that its real positions are its last ones.
+        Returns (logits [m, V], KV [m, H, W, Dh])."""
         tails = [r.context[r.k:] for r in rows]
         wp, p = max(r.k for r in rows), max(len(t) for t in tails)
         ref = next((r.past for r in rows if r.past), [])
-        none = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]  # a row with nothing kept: [1, H, 0, Dh]
-        cache = make_cache([tuple(_left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
-                            for i in range(len(ref))])  # [m, H, Wp, Dh] per layer
+        # a row with nothing kept: [1, H, 0, Dh]
+        none = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
+        cache = make_cache(
+            [
+                tuple(_left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
+                for i in range(len(ref))
+            ]
+        )  # [m, H, Wp, Dh] per layer
         ids = torch.tensor([[pad] * (p - len(t)) + t for t in tails], device=device)  # [m, P]
         mask = torch.tensor([[0] * (wp - r.k) + [1] * r.k + [0] * (p - len(t)) + [1] * len(t)
                              for r, t in zip(rows, tails)], device=device)  # [m, Wp + P]
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]  # [m, P]  HF's position ids: the mask's cumsum
+        # [m, P]  HF's position ids: the mask's cumsum
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]
         logits = forward(ids, mask, pos, cache)
         width = max(len(r.context) for r in rows)
         idx = torch.tensor([[wp - r.k] * (width - len(r.context)) + list(range(wp - r.k, wp))
-                            + list(range(wp + p - len(t), wp + p)) for r, t in zip(rows, tails)], device=device)
+                            + list(range(wp + p - len(t), wp + p)) for r, t in zip(rows, tails)],
+                            device=device)
         for r in rows:
             r.past = None  # the slot holds it now
         layer = cache.layers[0].keys
@@ -324,13 +405,15 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
         return logits, [(x.keys.gather(2, idx), x.values.gather(2, idx)) for x in cache.layers]
 
     def reuse(rows):
-        """Give each context the kept KV of the row whose turn it extends (matched in order, as rollout keeps its
-        rows, on the context and the first id sampled after it), cut to their longest common prefix, so that a tail
-        cut_turn dropped is dropped here too. The rest of `kept` is freed."""
+        """Give each context the kept KV of the row whose turn it extends (matched in order, as
+        rollout keeps its rows, on the context and the first id sampled after it), cut to their
+        longest common prefix, so that a tail cut_turn dropped is dropped here too. The rest of
+        `kept` is freed."""
         prev, i = list(kept), 0
         kept.clear()
         for r in rows:
-            j = next((j for j in range(i, len(prev)) if r.context[:len(prev[j][0])] == prev[j][0]), None)
+            j = next((j for j in range(i, len(prev)) if r.context[:len(prev[j][0])] == prev[j][0]),
+                     None)
             if j is None:
                 continue
             start, tokens, kv = prev[j]
@@ -346,11 +429,14 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
         reuse(rows)
         # NOTE(departure 26): rows holding KV go first, so that no more than batch_size rows hold KV
         waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
-        run, cache, seq, logits, store = [], None, None, None, {}  # running rows; their cache, ids [n, S], [n, V]
+        # running rows; their cache, ids [n, S], [n, V]
+        run, cache, seq, logits, store = [], None, None, None, {}
         with torch.no_grad(), decode_attention(device):
             while run or waiting:
                 if waiting and len(run) < batch_size:  # free slots take the next waiting rows
-                    new = [waiting.popleft() for _ in range(min(batch_size - len(run), len(waiting)))]
+                    new = [
+                        waiting.popleft() for _ in range(min(batch_size - len(run), len(waiting)))
+                    ]
                     new_logits, kv = prefill(new, device)
                     if run:  # widened on the left (masked) only if a new row is longer
                         old = [(x.keys, x.values) for x in cache.layers]
@@ -358,28 +444,48 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
                         kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
                               for (k0, v0), (k1, v1) in zip(old, kv)]
                     cache = make_cache(kv, steps_left(run + new))  # [n, H, W, Dh] per layer
-                    seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device) for r in new],
-                                    max(len(r.context) + len(r.new) for r in run + new), 1, pad)  # [n, S]
+                    seq = _left_pad(
+                        ([seq] if run else [])
+                        + [torch.tensor([r.context], device=device) for r in new],
+                        # [n, S]
+                        max(len(r.context) + len(r.new) for r in run + new),
+                        1,
+                        pad,
+                    )
                     logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
                     run += new
                 scores = procs(seq, logits)  # [n, V]; NOTE(departure 27): seq left-padded
                 if do_sample:
-                    nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+                    # [n]
+                    nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
                 else:
                     nxt = torch.argmax(scores, dim=-1)  # [n]
                 seq = torch.cat([seq, nxt[:, None]], dim=1)  # [n, S + 1]
                 keep = []
-                for i, (r, t, stop) in enumerate(zip(run, nxt.tolist(), stops(seq, scores).tolist())):
+                for i, (r, t,
+                        stop) in enumerate(zip(run, nxt.tolist(), stops(seq, scores).tolist())):
                     r.new.append(t)
                     if not (stop or len(r.new) == max_new_tokens):
                         keep.append(i)
-                    elif not waiting:  # NOTE(departure 26): no row needs the slot, so its KV is kept
+                    # NOTE(departure 26): no row needs the slot, so its KV is kept
+                    elif not waiting:
                         n = r.cached()
-                        store[r.out] = (r.context + r.new[:1], r.context + r.new[:-1],
-                                        [(x.keys[i:i + 1, :, -n:].clone(), x.values[i:i + 1, :, -n:].clone())
-                                         for x in cache.layers])  # [1, H, n, Dh] per layer
-                if len(keep) < len(run):  # NOTE(departure 25): stopped rows leave at once (hf pads them)
-                    run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
+                        store[r.out] = (
+                            r.context + r.new[:1],
+                            r.context + r.new[:-1],
+                            [
+                                (
+                                    x.keys[i : i + 1, :, -n:].clone(),
+                                    x.values[i : i + 1, :, -n:].clone(),
+                                )
+                                for x in cache.layers
+                            ],
+                        )  # [1, H, n, Dh] per layer
+                # NOTE(departure 25): stopped rows leave at once (hf pads them)
+                if len(keep) < len(run):
+                    run, index = [run[i] for i in keep], torch.tensor(
+                        keep, device=device, dtype=torch.long
+                    )
                     width = max((r.cached() for r in run), default=0)
                     cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
                                         for x in cache.layers], steps_left(run)) if run else None
@@ -387,8 +493,10 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
                 if run:  # one decode step for the rows that go on
                     n = torch.tensor([r.cached() for r in run], device=device)  # [n]
                     width = cache.get_seq_length()
-                    mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()  # [n, W + 1]
-                    logits = forward(seq[:, -1:], mask, n[:, None], cache)  # position ids: cached ids
+                    # [n, W + 1]
+                    mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()
+                    # position ids: cached ids
+                    logits = forward(seq[:, -1:], mask, n[:, None], cache)
         kept[:] = [store[r.out] for r in rows if r.out in store]  # in the call's order, for `reuse`
         return [r.new for r in rows]
 
@@ -396,32 +504,38 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
     return generate
 
 
-GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}  # --generator's choices
+# --generator's choices
+GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}
 
 
 def decode_attention(device):
-    """The engines' context around decoding: on CUDA, sdpa without its cuDNN backend, whose CPU cost per call (a cuDNN
-    graph for each new cache width) was 55% of a decode step's CPU time on an H200 (results/scaling/gpu_check.md);
-    flash, memory-efficient or math instead, as sdpa picks. A null context elsewhere."""
+    """The engines' context around decoding: on CUDA, sdpa without its cuDNN backend, whose CPU cost
+    per call (a cuDNN graph for each new cache width) was 55% of a decode step's CPU time on an H200
+    (results/scaling/gpu_check.md); flash, memory-efficient or math instead, as sdpa picks. A null
+    context elsewhere."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    return sdpa_kernel(backends) if torch.device(device).type == "cuda" else contextlib.nullcontext()
+    return (
+        sdpa_kernel(backends) if torch.device(device).type == "cuda" else contextlib.nullcontext()
+    )
 
 
 @contextlib.contextmanager
 def diverged_sampling(step: int):
-    """Around a rollout: sampling from a policy whose logits overflowed fails inside torch.multinomial with a
-    RuntimeError; say what it means instead (SystemExit, one line naming the training step)."""
+    """Around a rollout: sampling from a policy whose logits overflowed fails inside
+    torch.multinomial with a RuntimeError; say what it means instead (SystemExit, one line naming
+    the training step)."""
     try:
         yield
     except RuntimeError as err:
         if "probability tensor contains" in str(err):
-            raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy diverged (lower "
+            raise SystemExit(f"error: step {step}: sampling met NaN/inf probabilities: the policy "
+                             f"diverged (lower "
                              "--lr)") from None
         raise
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 if __name__ == "__main__":
     import sys
@@ -436,9 +550,13 @@ if __name__ == "__main__":
     def enc(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False)
 
-    contexts = [enc("Question: where is the tower?"), enc("Hi")]  # two rows of different lengths: left padding
+    # two rows of different lengths: left padding
+    contexts = [enc("Question: where is the tower?"), enc("Hi")]
     for name, make in GENERATORS.items():  # greedy: the same ids from the three engines
-        generate = make(model, tok, stop_strings=("</search>", "</answer>"), max_new_tokens=6, do_sample=False)
+        generate = make(model, tok, stop_strings=("</search>", "</answer>"), max_new_tokens=6,
+                        do_sample=False)
         first = generate(contexts)
-        second = generate([c + new + enc(" more text") for c, new in zip(contexts, first)])  # turn 2: an observation
-        print(name, first[0], second[0])  # all lines: [799, 276, 605, 727, 141, 589] [421, 509, 75, 351, 263, 738]
+        # turn 2: an observation
+        second = generate([c + new + enc(" more text") for c, new in zip(contexts, first)])
+        # all lines: [799, 276, 605, 727, 141, 589] [421, 509, 75, 351, 263, 738]
+        print(name, first[0], second[0])

@@ -1,13 +1,15 @@
-"""The same program on N ranks (torchrun + FSDP2), whose helpers are the identity in a single process.
+"""The same program on N ranks (torchrun + FSDP2), whose helpers are the identity in a single
+process.
 
-With `--fsdp` under torchrun (nccl on GPU, gloo on CPU) every rank rolls out its own prompts with the full weights
-gathered (full_weights), and each optimizer mini-batch is the union of every rank's share: token counts and metrics
-are summed over ranks (all_reduce), so the loss is the same as one process computing it all (tests/test_fsdp.py). The
-algorithm never looks at the world size; only seeding (seed + rank), printing (print0) and saving (rank 0 writes) do.
-Without torchrun the world is one rank and every helper below returns its input. Saving and resuming a sharded run
-are checkpoint.py's (save_checkpoint, restore: collectives that every rank joins).
+With `--fsdp` under torchrun (nccl on GPU, gloo on CPU) every rank rolls out its own prompts with
+the full weights gathered (full_weights), and each optimizer mini-batch is the union of every rank's
+share: token counts and metrics are summed over ranks (all_reduce), so the loss is the same as one
+process computing it all (tests/test_fsdp.py). The algorithm never looks at the world size; only
+seeding (seed + rank), printing (print0) and saving (rank 0 writes) do. Without torchrun the world
+is one rank and every helper below returns its input. Saving and resuming a sharded run are
+checkpoint.py's (save_checkpoint, restore: collectives that every rank joins).
 
-    torchrun --nproc_per_node 2 fsdp.py      # demo on 2 CPU ranks: shard a tiny model, check a summed update
+    torchrun --nproc_per_node 2 -m machinery.fsdp   # 2 CPU ranks: shard a tiny model, sum an update
 """
 
 import contextlib
@@ -19,17 +21,20 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Ranks and sharding
 
 
-def setup_dist(fsdp: bool, device: str, seed: int = 0, multiples: dict | None = None) -> tuple[int, int, str]:
-    """(rank, world_size, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nanoGPT); (0, 1, device) without.
+def setup_dist(fsdp: bool, device: str, seed: int = 0,
+               multiples: dict | None = None) -> tuple[int, int, str]:
+    """(rank, world_size, device) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nanoGPT); (0, 1,
+    device) without.
 
-    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Seeds python, numpy and torch
-    with seed + rank (each rank samples its own rollouts). multiples: {flag: value} that must divide evenly over the
-    ranks. Raises SystemExit (one line) when torchrun starts several ranks without --fsdp (they would train
-    unsynchronised copies) or a value of `multiples` does not divide.
+    --fsdp starts a process group: nccl on GPU (device cuda:LOCAL_RANK), gloo on CPU. Seeds python,
+    numpy and torch with seed + rank (each rank samples its own rollouts). multiples: {flag: value}
+    that must divide evenly over the ranks. Raises SystemExit (one line) when torchrun starts
+    several ranks without --fsdp (they would train unsynchronised copies) or a value of `multiples`
+    does not divide.
     """
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and not fsdp:
@@ -41,9 +46,11 @@ def setup_dist(fsdp: bool, device: str, seed: int = 0, multiples: dict | None = 
             torch.cuda.set_device(device)
         import atexit
 
-        # Before the group exists: fsdp imports torch.distributed.nn.functional, whose 10 functions have the default
-        # argument group=group.WORLD, evaluated at import; imported after, they would hold the group to the end.
-        import torch.distributed.fsdp as _fsdp  # noqa: F401  (as: `import torch...` here would make torch a local)
+        # Before the group exists: fsdp imports torch.distributed.nn.functional, whose 10 functions
+        # have the default argument group=group.WORLD, evaluated at import; imported after, they
+        # would hold the group to the end.
+        # (as: `import torch...` here would make torch a local)
+        import torch.distributed.fsdp as _fsdp  # noqa: F401
 
         dist.init_process_group("nccl" if cuda else "gloo")
         atexit.register(_release_process_group)
@@ -54,18 +61,21 @@ def setup_dist(fsdp: bool, device: str, seed: int = 0, multiples: dict | None = 
     return rank, world, device
 
 
-_MESHES = []  # the device meshes shard() made; each holds the process group (DeviceMesh._pg_registry)
+# the device meshes shard() made; each holds the process group (DeviceMesh._pg_registry)
+_MESHES = []
 
 
 def _release_process_group():
-    """At exit (atexit, registered by setup_dist; before interpreter finalisation starts), after the program's
-    destroy_process_group(): drop the group's last references, so that it is really destroyed and its threads joined.
+    """At exit (atexit, registered by setup_dist; before interpreter finalisation starts), after the
+    program's destroy_process_group(): drop the group's last references, so that it is really
+    destroyed and its threads joined.
 
-    destroy_process_group() does not stop a group that something still references, and FSDP2's meshes do (DTensor's
-    sharding caches keep them): gloo's worker threads (pt_gloo_runloop) then live on into finalisation. Such a thread
-    releases a finished collective's tensors after the rank went on, which takes the GIL; once finalisation has begun,
-    Python ends the thread there, inside a noexcept destructor: std::terminate ("terminate called without an active
-    exception"), SIGABRT. Destroying the group joins them first (without holding the GIL). While the group is still
+    destroy_process_group() does not stop a group that something still references, and FSDP2's
+    meshes do (DTensor's sharding caches keep them): gloo's worker threads (pt_gloo_runloop) then
+    live on into finalisation. Such a thread releases a finished collective's tensors after the rank
+    went on, which takes the GIL; once finalisation has begun, Python ends the thread there, inside
+    a noexcept destructor: std::terminate ("terminate called without an active exception"), SIGABRT.
+    Destroying the group joins them first (without holding the GIL). While the group is still
     initialised (the program ended by an exception) nothing is done: that path is as it was."""
     if dist.is_initialized():
         return
@@ -74,20 +84,23 @@ def _release_process_group():
     for mesh in _MESHES:
         getattr(mesh, "_pg_registry", {}).clear()  # (a mesh without one holds no group)
     _MESHES.clear()
-    gc.collect()  # the sharded modules the program dropped are cycles, and their FSDP state holds the group too
+    # the sharded modules the program dropped are cycles, and their FSDP state holds the group too
+    gc.collect()
 
 
 def shard(model):
-    """FSDP2: fully_shard each decoder layer, then the root (pytorch/examples FSDP2). On GPU parameters stay fp32
-    shards and compute in bf16 with fp32 gradient reduction. Gradients are *summed* over ranks (divide factor 1):
-    our losses are already normalised by the global token count, so averaging would divide by the world size twice."""
+    """FSDP2: fully_shard each decoder layer, then the root (pytorch/examples FSDP2). On GPU
+    parameters stay fp32 shards and compute in bf16 with fp32 gradient reduction. Gradients are
+    *summed* over ranks (divide factor 1): our losses are already normalised by the global token
+    count, so averaging would divide by the world size twice."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     on_gpu = next(model.parameters()).is_cuda
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu
           else MixedPrecisionPolicy())
-    mesh = init_device_mesh("cuda" if on_gpu else "cpu", (dist.get_world_size(),))  # FSDP2's default; released at exit
+    # FSDP2's default; released at exit
+    mesh = init_device_mesh("cuda" if on_gpu else "cpu", (dist.get_world_size(),))
     _MESHES.append(mesh)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -101,8 +114,9 @@ def shard(model):
 
 @contextlib.contextmanager
 def full_weights(model):
-    """Gather the full weights on every rank for the rollout, reshard after. Ranks generate different numbers of
-    tokens, and a sharded forward all-gathers each layer, which would need every rank in lock-step. No-op unsharded."""
+    """Gather the full weights on every rank for the rollout, reshard after. Ranks generate
+    different numbers of tokens, and a sharded forward all-gathers each layer, which would need
+    every rank in lock-step. No-op unsharded."""
     from torch.distributed.fsdp import FSDPModule
 
     mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -127,7 +141,8 @@ def all_reduce(values, op: str = "sum") -> list[float]:
 
 
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """[b, T] on each rank -> [world * b, T'] in rank order (T' = largest T, zero right-padded); x in one process."""
+    """[b, T] on each rank -> [world * b, T'] in rank order (T' = largest T, zero right-padded); x
+    in one process."""
     if not dist.is_initialized():
         return x
     T = int(all_reduce([x.shape[1]], "max")[0])
@@ -139,9 +154,13 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def all_finite(model, logp: torch.Tensor, loss_mask: torch.Tensor) -> bool:
-    """True if every weight (this rank's shards) and every response-token log-prob `logp` [B, T] is finite, on every
-    rank. An update can leave finite but huge weights whose forward pass overflows: the log-probs catch that."""
-    bad = sum(int(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in model.parameters())
+    """True if every weight (this rank's shards) and every response-token log-prob `logp` [B, T] is
+    finite, on every rank. An update can leave finite but huge weights whose forward pass overflows:
+    the log-probs catch that."""
+    bad = sum(
+        int(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
+        for p in model.parameters()
+    )
     bad += int(not torch.isfinite(logp[loss_mask > 0]).all())
     return all_reduce([bad])[0] == 0
 
@@ -152,11 +171,14 @@ def print0(*a):
         tqdm.write(" ".join(str(x) for x in a))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-def _demo():  # torchrun --nproc_per_node 2 -m machinery.fsdp (plain `python -m machinery.fsdp`: a group of one rank)
-    """Every name is local, so the sharded model is gone when _demo returns and the exit hook can destroy the
-    group (module globals would hold it into interpreter finalisation: the SIGABRT of _release_process_group)."""
+# torchrun --nproc_per_node 2 -m machinery.fsdp (plain `python -m machinery.fsdp`: a group of one
+# rank)
+def _demo():
+    """Every name is local, so the sharded model is gone when _demo returns and the exit hook can
+    destroy the group (module globals would hold it into interpreter finalisation: the SIGABRT of
+    _release_process_group)."""
     import copy
     import socket
 
@@ -165,21 +187,29 @@ def _demo():  # torchrun --nproc_per_node 2 -m machinery.fsdp (plain `python -m 
     if "RANK" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(s.getsockname()[1]))
     rank, world, _ = setup_dist(True, "cpu")
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4,
                       num_key_value_heads=2)
     torch.manual_seed(0)
-    whole = Qwen2ForCausalLM(cfg)  # the same tiny random model on every rank; one copy stays unsharded
+    # the same tiny random model on every rank; one copy stays unsharded
+    whole = Qwen2ForCausalLM(cfg)
     model = shard(copy.deepcopy(whole))
     ids = torch.arange(world * 8).view(world, 8) * 7 % 64  # [world, 8]: one row per rank
-    loss = model(input_ids=ids[rank:rank + 1], labels=ids[rank:rank + 1]).loss  # this rank's row only
-    loss.backward()  # FSDP sums the gradients over ranks: the gradient of the sum of every rank's loss
+    # this rank's row only
+    loss = model(input_ids=ids[rank:rank + 1], labels=ids[rank:rank + 1]).loss
+    # FSDP sums the gradients over ranks: the gradient of the sum of every rank's loss
+    loss.backward()
     grad = model.lm_head.weight.grad
     sharded = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).norm().item()
-    sum(whole(input_ids=row[None], labels=row[None]).loss for row in ids).backward()  # one process, every row
-    print0(f"{world} rank(s), one row each | sum of their losses {all_reduce([loss.item()])[0]:.4f} | |grad lm_head| "
-           f"sharded {sharded:.6f}, one process over all {gather_rows(ids[rank:rank + 1]).shape[0]} rows "
+    # one process, every row
+    sum(whole(input_ids=row[None], labels=row[None]).loss for row in ids).backward()
+    print0(f"{world} rank(s), one row each | sum of their losses "
+           f"{all_reduce([loss.item()])[0]:.4f} | |grad lm_head| "
+           f"sharded {sharded:.6f}, one process over all "
+           f"{gather_rows(ids[rank:rank + 1]).shape[0]} rows "
            f"{whole.lm_head.weight.grad.norm().item():.6f}")
     dist.destroy_process_group()
 

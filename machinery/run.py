@@ -1,9 +1,11 @@
-"""A train.py run's bookkeeping, kept out of the loop: the command line read from a dataclass, the micro-batch
-metrics folded into mini-batch means, the step's log (metrics.jsonl, one console line, a few trajectories as text),
-the health checks that stop a diverged run, the clocks, and the optimizer with the official code's schedule.
+"""A train.py run's bookkeeping, kept out of the loop: the command line read from a dataclass, the
+micro-batch metrics folded into mini-batch means, the step's log (metrics.jsonl, one console line, a
+few trajectories as text), the health checks that stop a diverged run, the clocks, and the optimizer
+with the official code's schedule.
 
-Nothing here is the method: train.py's `main` and `update` are, and they read the paper's order. This module imports
-no concept file; what it needs of them (the loss tables, the alarm's phase) train.py passes in.
+Nothing here is the method: train.py's `main` and `update` are, and they read the paper's order.
+This module imports no concept file; what it needs of them (the loss tables, the alarm's phase)
+train.py passes in.
 """
 
 import argparse
@@ -25,20 +27,27 @@ from machinery.fsdp import all_finite, print0
 
 
 def parse_dataclass(cls, description: str, ranges: dict, choices: dict, argv=None):
-    """argparse over the fields of dataclass `cls`: --field-name VALUE for each, help from the field's comment, grouped
-    by the `# --- section` comments of its source. ranges: field -> (valid?(value), the valid range in words);
-    choices: field -> the valid values. A bad value exits (status 2) with one line naming the flag and the valid
-    range, never 40 lines of usage first. Returns (the instance, the parser's `error` for checks of the caller's)."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.print_usage = lambda file=None: None  # a bad value is one line (its error), not the usage first
-    group, groups, docs = None, {}, {}
+    """argparse over the fields of dataclass `cls`: --field-name VALUE for each, help from the
+    field's comment, grouped by the `# --- section` comments of its source. ranges: field ->
+    (valid?(value), the valid range in words); choices: field -> the valid values. A bad value exits
+    (status 2) with one line naming the flag and the valid range, never 40 lines of usage first.
+    Returns (the instance, the parser's `error` for checks of the caller's)."""
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    # a bad value is one line (its error), not the usage first
+    ap.print_usage = lambda file=None: None
+    group, groups, docs, above = None, {}, {}, []
+    # a field's help: its comment, or the comment lines above it
     for line in inspect.getsource(cls).splitlines():
         if m := re.fullmatch(r"    # --- (.+)", line):
-            group = ap.add_argument_group(m[1])
-        elif m := re.fullmatch(r"    (\w+): .*?  # (.+)", line):
-            groups[m[1]], docs[m[1]] = group, m[2]
+            group, above = ap.add_argument_group(m[1]), []
+        elif m := re.fullmatch(r"    # (.+)", line):
+            above.append(m[1])
+        elif m := re.fullmatch(r"    (\w+): [^#]*?(?:  # (.+))?", line):
+            groups[m[1]], docs[m[1]], above = group, m[2] or " ".join(above), []
     for f in dataclasses.fields(cls):
-        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}  # str, int, float
+        # str, int, float
+        kw = {"action": argparse.BooleanOptionalAction} if f.type is bool else {"type": f.type}
         default = "unset" if f.default in (None, "") else f.default
         groups[f.name].add_argument("--" + f.name.replace("_", "-"), **kw, default=f.default,
                                     help=f"{docs[f.name]} (default: {default})")
@@ -46,7 +55,8 @@ def parse_dataclass(cls, description: str, ranges: dict, choices: dict, argv=Non
     for name, ok in choices.items():
         if getattr(args, name) not in ok:
             ap.error(f"--{name.replace('_', '-')} must be one of {ok}, got {getattr(args, name)!r}")
-    for name, (ok, valid) in ranges.items():  # every number is checked here, not at step 1 deep inside a library
+    # every number is checked here, not at step 1 deep inside a library
+    for name, (ok, valid) in ranges.items():
         value = getattr(args, name)
         if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
             ap.error(f"--{name.replace('_', '-')} must be {valid}, got {value}")
@@ -68,10 +78,11 @@ class Run:
 
 
 def add_metrics(acc: dict, metrics: dict, reduce: dict):
-    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as `reduce` (metric -> "sum", "max" or ("mean",
-    weight key); grpo.REDUCE and llds.REDUCE) says: "sum" adds, "max" keeps the largest, ("mean", w) adds value *
-    metrics[w] (a weighted sum; `mean_metrics` divides by the summed weight). Raises KeyError for a metric `reduce`
-    does not list, or a weighted mean whose weight the same metrics lack."""
+    """Fold a micro-batch's loss metrics into its mini-batch's `acc` as `reduce` (metric -> "sum",
+    "max" or ("mean", weight key); grpo.REDUCE and llds.REDUCE) says: "sum" adds, "max" keeps the
+    largest, ("mean", w) adds value * metrics[w] (a weighted sum; `mean_metrics` divides by the
+    summed weight). Raises KeyError for a metric `reduce` does not list, or a weighted mean whose
+    weight the same metrics lack."""
     for k, v in metrics.items():
         if k not in reduce:
             raise KeyError(f"metric {k!r} has no reduction: add it to grpo.REDUCE or llds.REDUCE "
@@ -87,9 +98,10 @@ def add_metrics(acc: dict, metrics: dict, reduce: dict):
 
 
 def mean_metrics(acc: dict, reduce: dict) -> dict:
-    """The mini-batch's metrics from add_metrics' sums (after they are summed over ranks): each ("mean", w) metric
-    divided by its summed weight w (0.0 where w is 0: nothing to average), so it is the exact mean over the
-    mini-batch's units however the mini-batch was split into micro-batches."""
+    """The mini-batch's metrics from add_metrics' sums (after they are summed over ranks): each
+    ("mean", w) metric divided by its summed weight w (0.0 where w is 0: nothing to average), so it
+    is the exact mean over the mini-batch's units however the mini-batch was split into
+    micro-batches."""
     out = dict(acc)
     for k, how in reduce.items():
         if k in acc and isinstance(how, tuple):
@@ -97,10 +109,12 @@ def mean_metrics(acc: dict, reduce: dict) -> dict:
     return out
 
 
-def log_step(step: int, m: dict, history: list, episodes, adv, args, rank: int, alarm_before: str = ""):
-    """metrics.jsonl (the whole history, rewritten atomically), the LLD alarm's line when m["alarm/phase"] changed
-    from `alarm_before`, one console line, and at step 1 and every --log-rollouts-every steps a few full trajectories
-    as text (rollouts_step{N}.jsonl). args: train.Args."""
+def log_step(step: int, m: dict, history: list, episodes, adv, args, rank: int,
+             alarm_before: str = ""):
+    """metrics.jsonl (the whole history, rewritten atomically), the LLD alarm's line when
+    m["alarm/phase"] changed from `alarm_before`, one console line, and at step 1 and every
+    --log-rollouts-every steps a few full trajectories as text (rollouts_step{N}.jsonl). args:
+    train.Args."""
     out_dir = Path(args.out_dir)
     if m["alarm/phase"] and m["alarm/phase"] != alarm_before:
         print0(f"LLD alarm at step {step}: {m['alarm/phase']} (the likelihood of correct responses "
@@ -115,15 +129,18 @@ def log_step(step: int, m: dict, history: list, episodes, adv, args, rank: int, 
            f"{m['perf/step_s']:.0f}s")
     if rank == 0 and (step == 1 or step % args.log_rollouts_every == 0):
         recs = [{"question": e.question, "golden_answers": e.golden_answers, "answer": e.answer,
-                 "reward": e.reward, "adv": adv[i].item(), "searches": e.num_searches, "text": e.text}
+                 "reward": e.reward, "adv": adv[i].item(), "searches": e.num_searches,
+                 "text": e.text}
                 for i, e in enumerate(episodes[:args.num_log_rollouts])]
         text = "".join(json.dumps(r) + "\n" for r in recs)
         checkpoint.atomic_write(out_dir / f"rollouts_step{step}.jsonl", text)
 
 
-def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args, rerun: str = "") -> int:
-    """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at --max-bad-steps, or when
-    the update left non-finite weights or log-probs: never a checkpoint of a diverged policy. rerun: as train.main's."""
+def check_health(model, new_logp, loss_mask, bad: int, stepped: list, step: int, args,
+                 rerun: str = "") -> int:
+    """Consecutive skipped optimizer steps after this step's `stepped`. Stops (one line) at
+    --max-bad-steps, or when the update left non-finite weights or log-probs: never a checkpoint of
+    a diverged policy. rerun: as train.main's."""
     for ok in stepped:
         bad = 0 if ok else bad + 1
     if bad >= args.max_bad_steps:
@@ -156,9 +173,10 @@ def perf(t0, t_rollout, t_update, t_end) -> dict:
 
 
 def make_optimizer(model, args):
-    """AdamW (betas 0.9, 0.999; fused: one in-place kernel per tensor, no temporaries at the peak) and the official
-    code's lr schedule: linear from 0 over --warmup-ratio of the steps, then constant (one scheduler step per rollout
-    step). args: train.Args (lr, weight_decay, warmup_ratio, steps). Returns (optimizer, scheduler)."""
+    """AdamW (betas 0.9, 0.999; fused: one in-place kernel per tensor, no temporaries at the peak)
+    and the official code's lr schedule: linear from 0 over --warmup-ratio of the steps, then
+    constant (one scheduler step per rollout step). args: train.Args (lr, weight_decay,
+    warmup_ratio, steps). Returns (optimizer, scheduler)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999),
                                   weight_decay=args.weight_decay, fused=True)
     warmup = int(args.warmup_ratio * args.steps)

@@ -16,9 +16,9 @@ sys.path.insert(0, str(ROOT))
 
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))  # the paper's concepts, and probe.py: its instrument
 MACHINERY = sorted(f"machinery.{p.stem}" for p in (ROOT / "machinery").glob("*.py") if p.stem != "__init__")
-# Lines per file: 450, but train.py 560: unpacked (issue 41), it no longer packs lines past 100 columns to
-# meet a cap (556 lines, from 472 packed; test_train_py_code_lines_fit_100_columns)
-CAPS = {"train": 560}
+# Lines per file: 570 at 100 columns (issue 50): the cap was 450 lines at 120 columns, and the same text re-wrapped
+# at 100 takes 1.2-1.27x the lines here; train.py too, whose code was unpacked to 100 columns first (issue 41)
+CAPS = {}
 M = "machinery."
 GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywhere in it: its demo included)
     "train": {"grpo", "llds", "probe", "retriever", "rollout", *(M + m for m in (
@@ -91,9 +91,9 @@ def test_train_py_reads_on_a_few_screens():
     src = (ROOT / "train.py").read_text(encoding="utf-8")
     main = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "main")
     loop = next(n for n in ast.walk(main) if isinstance(n, ast.For))
-    assert len(src.splitlines()) <= CAPS.get("train", 450)  # a cap met by packing lines defeats its purpose
-    assert main.end_lineno - main.lineno + 1 <= 85  # one screen
-    assert loop.end_lineno - loop.lineno + 1 <= 70  # the step, in the paper's order
+    assert len(src.splitlines()) <= CAPS.get("train", 570)  # a cap met by packing lines defeats its purpose
+    assert main.end_lineno - main.lineno + 1 <= 90  # one screen (85 lines when lines were 120 columns)
+    assert loop.end_lineno - loop.lineno + 1 <= 75  # the step, in the paper's order
 
 
 def test_train_py_code_lines_fit_100_columns():
@@ -166,9 +166,9 @@ def test_every_library_file_is_short_and_unpacked():
     for path in LIBRARY:
         lines = path.read_text(encoding="utf-8").splitlines()
         name = path.relative_to(ROOT)
-        assert len(lines) <= CAPS.get(path.stem, 450), f"{name} has {len(lines)} lines: split it by concept"
-        wide = [n for n, line in enumerate(lines, 1) if len(line) > 120]
-        assert not wide, f"{name}: lines over 120 columns: {wide}"
+        assert len(lines) <= CAPS.get(path.stem, 570), f"{name} has {len(lines)} lines: split it by concept"
+        wide = [n for n, line in enumerate(lines, 1) if len(line) > 100]  # code, comments and docstrings
+        assert not wide, f"{name}: lines over 100 columns: {wide}"
 
 
 def room_imports(path: Path) -> set[str]:
