@@ -33,6 +33,8 @@ unchanged. It is written beside --out and then renamed, so an interrupted save l
         --corpus data/hotpotqa/corpus.jsonl --max-turns 2 --max-obs-tokens 200 --amp bf16 ...
 
 Pass train.py the same --max-turns and --max-obs-tokens: the demonstrations teach the turns the rollout will give.
+`--measure-only --model runs/smollm2_warm` (and the run's other flags) measures a warm start made before on the
+questions its "after" lines measured, without training or writing anything.
 MuSiQue rows in the same format (metadata.supporting_titles) go into --train-data beside HotpotQA's.
 
 Measured, a cost pilot: SmolLM2-135M-Instruct (de-quantised from a 4-bit GGUF), 614 training questions (HotpotQA 440,
@@ -146,7 +148,11 @@ def parse_args(argv=None):
                     help="held-out question files for the EM before and after (default: --eval-questions training "
                          "questions, kept out of the demonstrations)")
     ap.add_argument("--corpus", required=True, help="passages, jsonl {\"id\", \"contents\": '\"Title\"\\ntext'}")
-    ap.add_argument("--out", required=True, help="folder for the warm-started model and tokenizer (save_pretrained)")
+    ap.add_argument("--out", help="folder for the warm-started model and tokenizer (save_pretrained); required "
+                    "unless --measure-only")
+    ap.add_argument("--measure-only", action="store_true",
+                    help="no demonstrations, no training, no save: the sampled EM of --model on the questions "
+                    "the warm start measures (the same --seed, --eval-questions and --test-data pick the same ones)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out (once the new one is saved)")
     ap.add_argument("--sft-steps", type=int, default=150, help="optimizer steps (150 x 4: ~a pass over 614 questions)")
     ap.add_argument("--sft-batch-size", type=int, default=4, help="demonstrations per step")
@@ -160,6 +166,10 @@ def parse_args(argv=None):
     ap.add_argument("--eval-group-size", type=int, default=2, help="sampled rollouts per measured question")
     ap.add_argument("--seed", type=int, default=0, help="seeds the held-out split, the batches and the sampling")
     args = ap.parse_args(argv)
+    if not args.out and not args.measure_only:
+        raise SystemExit("error: --out: required (the folder of the warm-started model), unless --measure-only")
+    if args.measure_only and args.eval_questions == 0:
+        raise SystemExit("error: --measure-only with --eval-questions 0: nothing to measure")
     for flag, ok, valid in (("--sft-steps", args.sft_steps >= 1, ">= 1"),
                             ("--sft-batch-size", args.sft_batch_size >= 1, ">= 1"),
                             ("--sft-lr", args.sft_lr > 0, "> 0"),
@@ -175,8 +185,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    t0, out = time.time(), Path(args.out)
-    if out.exists() and not (args.overwrite and out.is_dir()):
+    t0, out = time.time(), Path(args.out or ".")
+    if not args.measure_only and out.exists() and not (args.overwrite and out.is_dir()):
         raise SystemExit(f"error: --out {out}: " + ("a file, not a folder" if not out.is_dir() else
                                                      "exists; pass --overwrite to replace it"))
     try:
@@ -202,6 +212,9 @@ def main(argv=None):
     print(f"{len(train)} training questions | {retriever} | {args.model}: "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}, amp {args.amp} | "
           f"{time.time() - t0:.0f}s")
+    if args.measure_only:  # the model as it is, on the questions a warm start's "after" line measures
+        measure("measured", model, tokenizer, evals, retriever.search, amp, args)
+        return
     measure("before", model, tokenizer, evals, retriever.search, amp, args)
 
     t1 = time.time()

@@ -117,6 +117,20 @@ def test_the_saved_folder_loads_as_train_py_loads_it(files, tmp_path, capsys):
     for line in ("before: sampled EM on 2 train questions x 2: ", "before: sampled EM on 2 held-out questions x 2: ",
                  "after: sampled EM on 2 train questions x 2: ", "after: sampled EM on 2 held-out questions x 2: "):
         assert line in printed
+    # --measure-only (issue 47): the saved model on the questions of the "after" lines gives their figures;
+    # nothing is trained or written
+    written = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    model_args = ["--model", str(out), *argv[2:argv.index("--out")], *argv[argv.index("--out") + 2:]]
+    Q.main(model_args + ["--measure-only"])
+    measured = capsys.readouterr().out.splitlines()
+    after = [line.split(" | ")[:-1] for line in printed.splitlines() if line.startswith("after: ")]
+    assert [line.replace("measured: ", "after: ", 1).split(" | ")[:-1] for line in measured
+            if line.startswith("measured: ")] == after  # exact: the same sampling of the same weights, here
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == written  # exact: untouched
+    with pytest.raises(SystemExit, match="--measure-only with --eval-questions 0: nothing to measure"):
+        Q.main(model_args + ["--measure-only", "--eval-questions", "0"])
+    with pytest.raises(SystemExit, match="--out: required"):
+        Q.main(model_args)
     model, tok, _ = load_policy(str(out), device="cpu")
     base, _, _ = load_policy(files["model"], device="cpu")
     assert tok.chat_template == tiny.CHAT_TEMPLATE and len(tok) == len(tiny.build_tokenizer())
@@ -127,6 +141,7 @@ def test_the_saved_folder_loads_as_train_py_loads_it(files, tmp_path, capsys):
     again, _, _ = load_policy(str(out), device="cpu")
     assert (again.lm_head.weight - model.lm_head.weight).abs().max() > 0  # the new run's weights, not the first's
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
 
 
 def test_bad_input_is_one_line(files, tmp_path):
