@@ -9,7 +9,7 @@ verdict against the baseline, paired by (world, seed), under the rules of result
             probe (probe/dlogp_correct at the end) above the baseline's in >= 6 of 9 pairs (two thirds of the pairs);
   delays    fewer collapses but the probe not kept up, or later collapse steps in >= two thirds of the pairs where
             both collapsed;
-  no effect otherwise.
+  no effect otherwise (said untested where the baseline itself collapsed in fewer than 3 runs).
 
 It prints every run's row, then one row per cell: collapses, degraded and held runs; the final reward; the probe's
 change at the end (mean and range); test EM (mean and range); the CPU seconds a step against the baseline's; the
@@ -70,7 +70,7 @@ def verdict(cell: list[dict], base: list[dict]) -> str:
         return "stops"
     if col < col0 or (both and later >= 2 * both / 3):
         return "delays"
-    return "no effect"
+    return "no effect" if col0 >= 3 else "no effect (untested: the baseline collapsed in fewer than 3 runs)"
 
 
 def span(values: list, spec: str = "+.3f") -> str:

@@ -35,50 +35,17 @@ from machinery.bm25 import (  # noqa: E402
 )
 from machinery.data import DEMO_CORPUS, load_corpus  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
-
-QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages and questions, a sample (its README.md)
-
-TOY = [
-    {"id": "a", "contents": '"Paris"\nParis is the capital and largest city of France.'},
-    {"id": "b", "contents": '"Lyon"\nLyon is a city in France, on the Rhone.'},
-    {"id": "c", "contents": '"Berlin"\nBerlin is the capital of Germany. Berlin is large.'},
-    {"id": "d", "contents": '"Rhone"\nThe Rhone flows from Switzerland through France.'},
-    {"id": "e", "contents": '"Apple"\nAn apple is a fruit.'},
-    {"id": "f", "contents": '"Paris (mythology)"\nParis of Troy took Helen to Troy.'},
-    {"id": "g", "contents": '"Lyon"\nLyon is a city in France, on the Rhone.'},  # duplicate of "b": tie on every query
-]
+from conftest import (LUCENE_QUERIES, LUCENE_TOY, QA_SAMPLE, TOY, brute_force_bm25,  # noqa: E402, F401
+                      brute_force_stats)
 
 
-# --- brute-force reference: the Okapi formula written out with plain Python loops ------------------------------------
 
 
-def brute_force_stats(corpus, epsilon=0.25):
-    """Per-passage term counts, lengths, avgdl and idf, computed with plain loops (independent of bm25.py):
-    idf(w) = ln((N - n_w + 0.5) / (n_w + 0.5)); negative idfs become epsilon * (mean idf over the vocabulary)."""
-    docs = [re.findall(r"\w+", row["contents"].lower()) for row in corpus]
-    N = len(docs)
-    df = Counter()
-    for d in docs:
-        for w in set(d):
-            df[w] += 1
-    idf = {w: math.log(N - n + 0.5) - math.log(n + 0.5) for w, n in df.items()}
-    floor = epsilon * sum(idf.values()) / len(idf)
-    idf = {w: (floor if v < 0 else v) for w, v in idf.items()}
-    return [Counter(d) for d in docs], [len(d) for d in docs], sum(len(d) for d in docs) / N, idf
+# --- against the brute-force reference (conftest.brute_force_bm25: the Okapi formula in plain loops) ---
 
 
-def brute_force_bm25(corpus, query, k1=0.9, b=0.4, stats=None):
-    """Scores [D]: sum over query words q (repeats counted) of
-    idf(q) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))."""
-    tfs, dls, avgdl, idf = stats or brute_force_stats(corpus)
-    scores = []
-    for tf_d, dl in zip(tfs, dls):
-        s = 0.0
-        for q in re.findall(r"\w+", query.lower()):
-            tf = tf_d.get(q, 0)
-            s += idf.get(q, 0.0) * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)))
-        scores.append(s)
-    return scores
+
+
 
 
 def brute_force_topk(corpus, query, k, **kw):
@@ -365,16 +332,6 @@ def test_lucene_doc_length_is_smallfloat():
 
 # A corpus for the Lucene tests: TOY, a passage of 43 words whose one-byte length reads 42 (passage "h"), and one of
 # stop words only, which Lucene leaves out of N (passage "i").
-LUCENE_TOY = TOY + [
-    {"id": "h", "contents": '"Rhone (river)"\nThe Rhone\'s source is the Rhone Glacier in the Swiss canton of '
-                            'Valais. It flows through Lake Geneva, then Lyon, where the Saône joins it, and on through '
-                            'Avignon and Arles to the Mediterranean Sea; the river is 813 km long, and the U.S. has no '
-                            'river like it. Its delta, the Camargue, is a wetland of lagoons, marshes and salt pans, '
-                            'home to pink flamingos and white horses.'},
-    {"id": "i", "contents": "To be, or not to be: that is it."},
-]
-LUCENE_QUERIES = ["capital of France", "Paris", "Lyon Rhone", "city city city", "is the a", "Troy Helen Paris", "zebra",
-                  "Rhone's source glaciers", "rivers flowing through France", "U.S. 813 km", "Paris Paris capital"]
 LUCENE_TOY_HITS = {  # Lucene 8.7's hits on LUCENE_TOY, best first (ties by passage order), float32 scores in hex
     "capital of France": [("a", "0x1.20a8bep+0"), ("c", "0x1.769ba6p-1"), ("b", "0x1.9db86ap-2"),
                           ("g", "0x1.9db86ap-2"), ("d", "0x1.8d7282p-2")],

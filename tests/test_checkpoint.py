@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from machinery import checkpoint  # noqa: E402
 import hang  # noqa: E402
-from test_train import files, same_value  # noqa: E402, F401  (files: the module's tiny model, questions, corpus)
+from conftest import same_value  # noqa: E402  (and the `files` fixture: the tiny model, questions, corpus)
 
 # a step costs ~0.3 s on the tiny model: 2 questions x 2 trajectories, one turn of 8 tokens, 2 optimizer steps
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "8",

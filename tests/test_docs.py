@@ -15,7 +15,7 @@ DOC = ROOT / "docs" / "pitfalls.md"
 
 def python_files() -> list[Path]:
     """The top-level files and those of each room (tests/test_structure.py's ROOMS: tests/, scripts/, lab/, ...)."""
-    from test_structure import ROOMS
+    from conftest import ROOMS
 
     return sorted([*ROOT.glob("*.py"), *(p for room in ROOMS for p in (ROOT / room).glob("*.py"))])
 
@@ -127,7 +127,7 @@ def test_every_command_and_path_names_a_file_that_exists():
     repository: a moved file takes its commands with it (issue 41)."""
     if STUDENT_COPY:
         pytest.skip("a course copy leaves the kit (course/) and its tests out, which the docs name")
-    from test_structure import ROOMS
+    from conftest import ROOMS
 
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     room_path = re.compile(rf"(?<![\w./-])((?:{'|'.join(ROOMS)}|docs)/[\w./-]*\w)")

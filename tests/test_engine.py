@@ -21,7 +21,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 import evaluate  # noqa: E402
 from machinery.engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
 from rollout import STOP_STRINGS, make_prompt, rollout  # noqa: E402
-from test_rollout import Q1, Q2, FakeRetriever, enc, run  # noqa: E402
+from conftest import Q1, Q2, FakeRetriever, enc  # noqa: E402
+from conftest import scripted_rollout as run  # noqa: E402
 from tiny import build_model, build_tokenizer  # noqa: E402
 from train import parse_args  # noqa: E402
 

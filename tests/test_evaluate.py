@@ -18,7 +18,7 @@ from machinery.data import DEMO_CORPUS, load_questions  # noqa: E402
 from machinery.engine import hf_generator  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 from rollout import STOP_STRINGS, em_check, rollout  # noqa: E402
-from test_rollout import ScriptedPolicy, hit  # noqa: E402
+from conftest import ScriptedPolicy, hit  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
 import fsdp_update  # noqa: E402
-from test_train import QUESTIONS, SMALL  # noqa: E402
+from conftest import QUESTIONS, SMALL  # noqa: E402
 from machinery.data import DEMO_CORPUS  # noqa: E402
 from tiny import save_tiny  # noqa: E402
 

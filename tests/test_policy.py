@@ -23,7 +23,7 @@ from machinery.engine import hf_generator  # noqa: E402
 from machinery.policy import batch_logp, collate, enable_grad_ckpt, load_policy, response_logp, safetensors_problem  # noqa: E402
 from retriever import BM25Retriever  # noqa: E402
 from rollout import STOP_STRINGS, rollout  # noqa: E402
-from test_train import QUESTIONS  # noqa: E402
+from conftest import QUESTIONS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import hang  # noqa: E402
 from grpo import grpo_loss  # noqa: E402
 from machinery.policy import batch_logp  # noqa: E402
 from probe import _batch, delta_probe, group_delta, probe_stats, wilson  # noqa: E402
-from test_train import files, same_value, train_in_process  # noqa: E402, F401  (files: the tiny model and questions)
+from conftest import same_value, train_in_process  # noqa: E402  (and the `files` fixture)
 from tiny import build_model, build_tokenizer  # noqa: E402
 
 # 3 responses of 7 tokens: [action 1 (3 tokens), observation (2), action 2 (2)]; response 2 is a one-action response

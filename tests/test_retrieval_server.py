@@ -25,7 +25,7 @@ import hang  # noqa: E402
 from machinery.data import load_corpus  # noqa: E402
 from retrieval_server import MAX_REQUEST_BYTES, make_server  # noqa: E402
 from retriever import BM25Retriever, RemoteRetriever, make_retriever  # noqa: E402
-from test_retriever import TOY, compiled_sized_corpus, write_lines  # noqa: E402
+from conftest import TOY, compiled_sized_corpus, write_lines  # noqa: E402
 
 
 @pytest.fixture

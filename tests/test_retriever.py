@@ -31,7 +31,8 @@ from retriever import (  # noqa: E402
     BadAnswer, BM25Retriever, RemoteRetriever, index_cache_file, load_index, make_retriever,
 )
 import hang  # noqa: E402
-from test_bm25 import LUCENE_QUERIES, LUCENE_TOY, QA_SAMPLE, TOY, brute_force_bm25  # noqa: E402
+from conftest import (LUCENE_QUERIES, LUCENE_TOY, QA_SAMPLE, TOY, brute_force_bm25,  # noqa: E402
+                      compiled_sized_corpus, write_lines)
 
 def check_p23_shape(hits, k):
     assert isinstance(hits, list) and len(hits) <= k
@@ -119,9 +120,6 @@ def test_p23_shapes_on_real_corpus():
     assert [len(h) for h in retriever.search(queries[1:4], topk=3)] == [0, 0, 0]
 
 
-def write_lines(path, lines):
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.mark.parametrize("variant", BM25_VARIANTS)
@@ -184,12 +182,6 @@ def test_cli_on_real_corpus():
 # --- the compiled search: prepared once, safe from threads, a numba that cannot run ------------------------------
 
 
-def compiled_sized_corpus(tmp_path) -> Path:
-    """The real sample's 600 passages four times over (2,400: above bm25.NUMBA_FROM, so the compiled search is used
-    where numba is installed), as a jsonl file."""
-    rows = load_corpus(QA_SAMPLE / "corpus.jsonl")
-    return write_lines(tmp_path / "big.jsonl", [json.dumps({"id": f"{r}-{row['id']}", "contents": row["contents"]})
-                                                for r in range(4) for row in rows])
 
 
 def test_a_numba_that_cannot_be_imported_falls_back_to_numpy_with_one_warning(tmp_path):

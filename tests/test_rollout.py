@@ -43,6 +43,8 @@ from rollout import (  # noqa: E402
     rollout,
 )
 from tiny import build_tokenizer  # noqa: E402
+from conftest import GEN_KW, Q1, Q2, FakeRetriever, ScriptedPolicy, enc, hit  # noqa: E402, F401
+from conftest import scripted_rollout as run  # noqa: E402
 
 QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages, a sample (its README.md)
 
@@ -53,97 +55,16 @@ QA_SAMPLE = REPO / "tests" / "fixtures" / "qa_sample"  # real passages, a sample
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def enc(tok, text):
-    return tok.encode(text, add_special_tokens=False)
 
 
-class ScriptedPolicy(LogitsProcessor):
-    """Force row r's next token to scripts[question][turn][k], k = tokens this row already generated in this turn.
-
-    scripts: {question: [turn-0 ids, turn-1 ids, ...]}. Past the end of a script the pad id is forced (rows that
-    finished are overwritten with pad by `generate` anyway; an unfinished row would show the pads and fail the test).
-    Records, at the first step of every generate call, each row's context (left padding stripped) in `contexts` as
-    (question, turn, ids), and the number of generate calls in `calls`.
-    """
-
-    def __init__(self, tokenizer, scripts):
-        self.tok = tokenizer
-        self.scripts = scripts
-        self.pad = tokenizer.pad_token_id
-        self.prompts = {q: enc(tokenizer, make_prompt(q, tokenizer)) for q in scripts}
-        self.prev = None
-        self.start = None
-        self.rows = []
-        self.contexts = []
-        self.calls = 0
-
-    def _identify(self, row_ids):
-        i = 0
-        while i < len(row_ids) and row_ids[i] == self.pad:  # left padding (the prompt never starts with pad)
-            i += 1
-        ctx = row_ids[i:]
-        hits = [q for q, p in self.prompts.items() if ctx[: len(p)] == p]
-        assert len(hits) == 1, f"context matches {len(hits)} scripted prompts"
-        q = hits[0]
-        text = self.tok.decode(ctx[len(self.prompts[q]):])
-        turn = text.count("<information>") + text.count("My previous action is invalid")
-        assert turn < len(self.scripts[q]), f"no script for turn {turn} of {q!r}"
-        self.contexts.append((q, turn, ctx))
-        return q, turn
-
-    def __call__(self, input_ids, scores):
-        n, width = input_ids.shape
-        same_call = (self.prev is not None and self.prev.shape == (n, width - 1)
-                     and torch.equal(self.prev, input_ids[:, :-1]))  # exact: token ids
-        if not same_call:  # first step of a new generate call: every row starts a turn here
-            self.calls += 1
-            self.start = width
-            self.rows = [self._identify(r) for r in input_ids.tolist()]
-        self.prev = input_ids.clone()
-        k = width - self.start
-        forced = torch.full_like(scores, float("-inf"))
-        for r, (q, turn) in enumerate(self.rows):
-            script = self.scripts[q][turn]
-            forced[r, script[k] if k < len(script) else self.pad] = 0.0
-        return forced
 
 
-def hit(contents, id="0"):
-    """One search hit, as retriever.BM25Retriever.search returns it."""
-    return {"document": {"id": id, "contents": contents}, "score": 1.0}
 
 
-class FakeRetriever:
-    """A search callable: (queries, topk) -> one list of hits per query, fn(query); records every call. The default
-    hit's passage reads "Doc 1(Title: {q}) Some text about {q}.\\n" to the model (`text`)."""
-
-    def __init__(self, fn=lambda q: [hit(f"{q}\nSome text about {q}.")]):
-        self.fn = fn
-        self.calls = []
-
-    def __call__(self, queries, topk):
-        self.calls.append((list(queries), topk))
-        return [self.fn(q) for q in queries]
-
-    def text(self, query):
-        """The passages the model sees for `query` (format_passages of its hits)."""
-        return format_passages(self.fn(query))
 
 
-GEN_KW = ("max_new_tokens", "temperature", "top_p", "do_sample", "batch_size")  # hf_generator's, the rest rollout's
 
 
-def run(model, tok, scripts, golds, retriever=None, **kw):
-    """Roll out the scripted policy on one row per entry of `scripts` (golds: {question: [gold, ...]}): hf_generator
-    with the policy as its logits processor. kw: GEN_KW go to hf_generator, the others to rollout."""
-    policy = ScriptedPolicy(tok, scripts)
-    rows = [{"question": q, "golden_answers": golds[q]} for q in scripts]
-    gen = {k: kw.pop(k) for k in GEN_KW if k in kw}
-    gen.setdefault("max_new_tokens", 40)
-    kw.setdefault("group_size", 1)
-    generate = hf_generator(model, tok, stop_strings=STOP_STRINGS, logits_processor=[policy], **gen)
-    eps = rollout(generate, tok, rows, retriever or FakeRetriever(), **kw)
-    return eps, policy
 
 
 def spans(mask):
@@ -164,7 +85,6 @@ def searchr1_extract(solution_str):
     return matches[-1].group(1).strip()
 
 
-Q1, Q2 = "What is the capital of France", "Where is the Eiffel Tower"
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The full search -> answer trajectory

@@ -337,6 +337,8 @@ def test_cures_judges_each_cell_against_the_baseline_by_the_protocols_rules(tmp_
     assert cures.verdict(cells["cure"], cells["plain"]) == "stops"
     assert cures.verdict(cells["later"], cells["plain"]) == "delays"
     assert cures.verdict(cells["twin"], cells["plain"]) == "no effect"
+    assert cures.verdict(cells["twin"], cells["cure"]) == \
+        "no effect (untested: the baseline collapsed in fewer than 3 runs)"  # a baseline that never collapsed
     table = cures.tables(cells)
     assert "| cure | 3 | 0 / 0 / 3 | 0.400 | +0.000 [+0.000, +0.000] | 3 of 3 | 0 of 0 | 0.100 [0.100, 0.100] | " \
            "1.50x | stops |" in table

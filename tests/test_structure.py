@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import hang
+from conftest import ROOMS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,16 +38,6 @@ GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywher
 # The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
 # puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).
 # Each file of a tool room is run by its path (`python lab/spiral.py`); machinery is a package, imported as one.
-ROOMS = {
-    "machinery": ("what the concepts run on: data, BM25, decoding engines, the policy's passes, checkpoints, FSDP, "
-                  "the memory plan, tracking (engine.py's demo: the tests' tiny model)", {"tests"}),
-    "scripts": ("the commands around train.py: make the data, serve retrieval, plot a run", set()),
-    "lab": ("the search world, its warm starts (world0_policy/: the committed one) and the spiral grid", {"scripts"}),
-    "course": ("the course kit: a student copy, its grader and the grader's plugin", {"tests"}),
-    "benchmarks": ("bench_*.py: what a part costs, ours against its peers", {"scripts", "lab", "tests"}),
-    "gpu": ("what a GPU user runs first: the memory plan and the GPU check", {"benchmarks", "lab", "tests"}),
-    "tests": ("the suite, its fixtures, the course's planted mistakes and the helpers (tiny.py, hang.py)", set()),
-}
 LIBRARY = [*(ROOT / f"{m}.py" for m in MODULES), *(ROOT / f"{m.replace('.', '/')}.py" for m in MACHINERY),
            *sorted((ROOT / "machinery" / "bm25_numba").glob("*.py"))]  # what train.py runs
 # a course copy (course/make_assignment.py) holds the rooms less the kit itself, course/

@@ -21,28 +21,16 @@ from machinery import policy  # noqa: E402
 from machinery.policy import batch_logp, collate, load_policy  # noqa: E402
 from rollout import longest_prompt  # noqa: E402
 from train import parse_args  # noqa: E402
+from conftest import QUESTIONS, SMALL, same_value, train_in_process  # noqa: E402, F401
 
-QUESTIONS = [
-    {"question": "Where is the Eiffel Tower", "golden_answers": ["Paris"], "data_source": "toy"},
-    {"question": "What is the capital of Germany", "golden_answers": ["Berlin"], "data_source": "toy"},
-    {"question": "Which river flows through the Netherlands", "golden_answers": ["Rhine"], "data_source": "toy"},
-]
 
 
 def run(*cmd, cwd=ROOT):
     return hang.run([sys.executable, *cmd], cwd=cwd, capture_output=True, text=True)
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("run")
-    (d / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    (d / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in DEMO_CORPUS))
-    return {"dir": d, "model": save_tiny(d / "model"), "q": str(d / "q.jsonl"), "corpus": str(d / "corpus.jsonl")}
 
 
-SMALL = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "16",
-         "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3"]
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
@@ -277,17 +265,6 @@ def test_train_same_rewards_in_process_and_served(files):
 # Issue 5: NaN/inf guard, exact resume (main() run in-process on the tiny model)
 
 
-def train_in_process(files, out, *extra):
-    import train
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # far faster for the tiny model on a busy CPU
-    try:
-        train.main(parse_args(["--model", files["model"], "--train-data", files["q"], "--corpus", files["corpus"],
-                               "--out-dir", str(out), "--kl-coef", "0.01", "--llds", "0.1", *SMALL, *extra]))
-    finally:
-        torch.set_num_threads(n)
-    return [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 # step 1 skips the optimizer step, then the lr schedule moves on (a skipped step still counts): torch warns of that
@@ -324,12 +301,6 @@ def test_nan_guard_skips_the_update_and_stops_after_k_bad_steps(files, monkeypat
     assert [x["grpo/skipped_steps"] for x in m] == [2, 2] and steps_taken[0] == 0
 
 
-def same_value(a, b, tol=1e-6) -> bool:
-    """Metric values equal: floats to `tol` (pytest.approx), anything else (None, str, int, bool) exactly. pytest >= 9.2
-    raises TypeError for pytest.approx of a string, so strings never go through it."""
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return a == pytest.approx(b, abs=tol, rel=0)
-    return type(a) is type(b) and a == b
 
 
 def test_resume_is_exact(files, monkeypatch):
