@@ -59,7 +59,7 @@ class Args:
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     # weights: float32 | bfloat16 | auto (float32; bf16 compute comes from --amp or FSDP)
     dtype: str = "auto"
-    # bf16 autocast over fp32 weights: auto (one GPU) | bf16 (CPUs with AVX512-BF16/AMX too) | off
+    # bf16 autocast over fp32: auto (a GPU, or a CPU with AVX512-BF16/AMX; not FSDP) | bf16 | off
     amp: str = "auto"
     device: str = "auto"  # cpu | cuda | auto
     seed: int = 0  # seeds python, numpy and torch (sampling and data order)
@@ -139,7 +139,10 @@ class Args:
     alarm_k: int = 3  # LLD alarm after this many steps of non-rising correct-response likelihood
     # LLD probe: questions whose step-0 trajectories are re-scored (probe.py); 0 = off
     probe_questions: int = 8
-    probe_every: int = 1  # re-score the probe trajectories every N steps (the probe/* keys)
+    # re-score the probe trajectories every N steps (probe/* keys), or auto: every
+    # ceil(1.25 x probe_questions / prompts_per_step) steps, under a tenth of a step's time (a pass
+    # over probe_questions x group_size responses: 0.22 of a SmolLM2 4 x 4 step, made every step)
+    probe_every: str = "auto"
     # also send each step's metrics to: off | tensorboard | wandb | trackio (pip install it)
     report_to: str = "off"
     # run folder (its newest complete checkpoint) or checkpoints/step_N folder to continue exactly
@@ -448,7 +451,9 @@ def load_run(args: Args, rank: int, world: int, device: str) -> Run:
         dist.barrier()
     per_step = args.prompts_per_step * args.group_size  # trajectories a step
     updates = math.ceil(per_step / args.mini_batch_size)  # optimizer steps per rollout step
-    print0(f"{len(rows)} questions | {retriever} | {world} x {device}, reference {args.ref_dtype} "
+    compute = "bf16 autocast" if bf16 else "fp32"  # --amp auto: bf16 on a GPU or a bf16 CPU
+    print0(f"{len(rows)} questions | {retriever} | {world} x {device}, {compute} "
+           f"(--amp {args.amp}), reference {args.ref_dtype} "
            f"| {args.prompts_per_step}x{args.group_size} trajectories/step, {updates} updates/step "
            f"| out {args.out_dir}")
     print0(plan)  # the parameters, whether the run fits, rows per generate call
@@ -465,7 +470,7 @@ NON_NEGATIVE = ("seed", "max_turns", "num_log_rollouts", "weight_decay", "kl_coe
                 "llds", "llds_ma_weight", "probe_questions", "calib_adv")
 COUNTS = ("prompts_per_step", "group_size", "max_new_tokens", "max_obs_tokens", "topk", "steps",
           "alarm_k", "mini_batch_size", "micro_batch_size", "max_bad_steps", "log_rollouts_every",
-          "save_every", "keep_checkpoints", "probe_every")
+          "save_every", "keep_checkpoints")
 # Args field -> (valid?, the valid range in words); every value is checked before the run starts
 RANGES = {
     **dict.fromkeys(NON_NEGATIVE, (lambda v: v >= 0, ">= 0")),
@@ -478,6 +483,8 @@ RANGES = {
     "warmup_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "gen_batch_size": (lambda v: v == "auto" or (v.isdecimal() and int(v) >= 1),
                        "an integer >= 1 or auto"),
+    "probe_every": (lambda v: v == "auto" or (v.isdecimal() and int(v) >= 1),
+                    "an integer >= 1 or auto"),
     "device": (lambda v: v in ("auto", "cpu") or v.startswith("cuda"), "cpu, cuda, cuda:N or auto"),
 }
 # Args field -> its valid values, taken from the table that implements them (one edit adds a
@@ -505,6 +512,8 @@ def parse_args(argv=None) -> Args:
     args, error = parse_dataclass(Args, __doc__, RANGES, CHOICES, argv)
     # unset: symmetric
     args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
+    auto = math.ceil(1.25 * args.probe_questions / args.prompts_per_step)  # probe: <~10% of a step
+    args.probe_every = max(1, auto) if args.probe_every == "auto" else int(args.probe_every)
     if args.report_to != "off" and (problem := missing_tracker(args.report_to)):
         error(f"--report-to {args.report_to}: {problem}")
     per_step = args.prompts_per_step * args.group_size  # trajectories a step

@@ -41,9 +41,11 @@ from machinery.checkpoint import atomic_write, folder_problem  # noqa: E402
 
 # Every run's train.py flags besides --lr, --llds, --seed (results/spiral/grid1.md, "Protocol"): 4 optimizer steps per rollout
 # step, the second grid's cell where plain GRPO collapsed in every seed (the first grid: --mini-batch-size 16)
+# (--amp off and the probe every step: what every grid ran with when they were the defaults on a CPU)
 RL = ["--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8", "--micro-batch-size", "8",
       "--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--warmup-ratio", "0",
-      "--save-every", "1000", "--log-rollouts-every", "5"]
+      "--save-every", "1000", "--log-rollouts-every", "5", "--amp", "off", "--probe-questions", "8",
+      "--probe-every", "1"]
 EVAL = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "120", "--batch-size", "64"]
 RERUN = "the same spiral.py command"  # how a stopped grid continues (train.py's lines say so after Ctrl-C or an error)
 # The committed warm start of world 0: `search_world.py --seed 0` with these flags saved it (its folder copied here)

@@ -282,16 +282,14 @@ def autocast(amp: str, device: str, dtype: str = "auto", fsdp: bool = False):
     """A function returning a fresh bf16 autocast context for one pass, or a null context (train.py
     --amp).
 
-    amp: "bf16" (on; also on a CPU with bf16 units, AVX512-BF16 or AMX: ~1.6x faster
-    forward+backward; decoding few rows was ~2x faster on one CPU, 1.3-1.8x slower on an AVX512-BF16
-    CPU without AMX: docs/scaling.md; slower everywhere without bf16 units) | "auto" (on for one GPU
-    with fp32 weights, dtype "auto"; FSDP has its own mixed precision) | "off". Enter it afresh for
-    each pass: autocast's cache of bf16 weight copies is only dropped on exit, so one context around
-    an optimizer step would keep computing with the old weights (the update asks for
-    cache=False)."""
-    on = amp == "bf16" or (
-        amp == "auto" and device.startswith("cuda") and dtype == "auto" and not fsdp
-    )
+    amp: "bf16" (on, wherever asked) | "auto" (on with fp32 weights, dtype "auto", for one GPU and
+    for a CPU with bf16 units, AVX512-BF16 or AMX: there bf16 matmuls ran ~2.4x the fp32 FLOP rate
+    and a SmolLM2 step ~1.55x faster; off on a CPU without them, where bf16 is emulated and ~8x
+    slower, and under FSDP, which has its own mixed precision) | "off". Enter it afresh for each
+    pass: autocast's cache of bf16 weight copies is only dropped on exit, so one context around an
+    optimizer step would keep computing with the old weights (the update asks for cache=False)."""
+    fast = device.startswith("cuda") or (device == "cpu" and cpu_has_bf16())
+    on = amp == "bf16" or (amp == "auto" and fast and dtype == "auto" and not fsdp)
     return lambda cache=True: torch.autocast(device.split(":")[0], torch.bfloat16,
                                              cache_enabled=cache) if on \
         else contextlib.nullcontext()

@@ -97,8 +97,11 @@ QUESTIONS = [
     {"question": "Which river flows through the Netherlands", "golden_answers": ["Rhine"], "data_source": "toy"},
 ]
 
+# --amp off: the tests' tolerances are fp32's, and --amp auto would take bf16 on a CPU with bf16 units (a test
+# that wants autocast says --amp bf16 or auto after these)
 SMALL = ["--prompts-per-step", "2", "--group-size", "4", "--max-turns", "2", "--max-new-tokens", "16",
-         "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3"]
+         "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
+         "--amp", "off"]
 
 
 @pytest.fixture(scope="module")

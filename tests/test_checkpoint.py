@@ -23,7 +23,7 @@ from conftest import same_value  # noqa: E402  (and the `files` fixture: the tin
 # a step costs ~0.3 s on the tiny model: 2 questions x 2 trajectories, one turn of 8 tokens, 2 optimizer steps
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "8",
         "--max-obs-tokens", "32", "--mini-batch-size", "2", "--micro-batch-size", "2", "--lr", "1e-3",
-        "--kl-coef", "0.01", "--llds", "0.1", "--seed", "5", "--warmup-ratio", "0.5"]
+        "--kl-coef", "0.01", "--llds", "0.1", "--seed", "5", "--warmup-ratio", "0.5", "--amp", "off"]
 
 
 def train_args(files, out, *extra):

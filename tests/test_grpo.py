@@ -578,7 +578,7 @@ def test_train_two_steps_gspo_with_llds(tmp_path, monkeypatch):
             str(tmp_path / "corpus.jsonl"), "--out-dir", str(tmp_path / "out"), "--steps", "2", "--policy-loss", "gspo",
             "--clip-eps-high", "0.28", "--llds", "0.2", "--prompts-per-step", "2", "--group-size", "4", "--max-turns",
             "2", "--max-new-tokens", "16", "--max-obs-tokens", "48", "--mini-batch-size", "4", "--micro-batch-size",
-            "2", "--lr", "1e-3"]))
+            "2", "--lr", "1e-3", "--amp", "off"]))
     finally:
         torch.set_num_threads(n)
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

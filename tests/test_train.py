@@ -655,12 +655,17 @@ def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)  # an AVX2 CPU: bf16 is emulated, ~8x slower
     assert policy.reference_dtype("auto", "cpu") == "float32" and policy.reference_dtype("auto", "cuda:0") == "bfloat16"
     assert policy.reference_dtype("bfloat16", "cpu") == "bfloat16"  # as given
-    train_in_process(files, files["dir"] / "ref_auto", "--steps", "1", "--device", "cpu")  # the CPU path on a GPU too
-    assert "1 x cpu, reference float32 |" in capsys.readouterr().out  # the start-up line says which
+    train_in_process(files, files["dir"] / "ref_auto", "--steps", "1", "--device", "cpu", "--amp", "auto")
+    assert "1 x cpu, fp32 (--amp auto), reference float32 |" in capsys.readouterr().out  # the line says
     saved = json.loads((files["dir"] / "ref_auto" / "args.json").read_text())
     assert saved["ref_dtype"] == "float32"  # exact: a dtype's name, a string
+    assert not isinstance(policy.autocast("auto", "cpu")(), torch.autocast)  # issue 51: fp32 where bf16 is slow
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
     assert policy.reference_dtype("auto", "cpu") == "bfloat16"
+    assert isinstance(policy.autocast("auto", "cpu")(), torch.autocast)  # and bf16 autocast where it is fast
+    assert not isinstance(policy.autocast("auto", "cpu", fsdp=True)(), torch.autocast)  # FSDP's own precision
+    assert not isinstance(policy.autocast("auto", "cpu", dtype="bfloat16")(), torch.autocast)  # bf16 weights
+    assert not isinstance(policy.autocast("off", "cpu")(), torch.autocast)
 
 
 def test_calib_adv_gives_the_policy_gradient_calibadvs_token_advantages(files, monkeypatch):
@@ -682,3 +687,17 @@ def test_calib_adv_gives_the_policy_gradient_calibadvs_token_advantages(files, m
     seen.clear()
     train_in_process(files, files["dir"] / "calib_off", "--steps", "1")
     assert seen == [(0.0, None, seen[0][2])]  # exact: the default flag, passed on
+
+
+def test_the_probe_costs_a_tenth_of_a_step_by_default():
+    """--probe-every auto (issue 51): the fixed probe, one pass over probe_questions x group_size responses, made
+    every step cost 0.22 of a SmolLM2 step at 4 prompts x 4 (results/real_model's lr-3e-5 pilot: 67 of 302 s); auto
+    probes every ceil(1.25 x probe_questions / prompts_per_step) steps: every 3rd there, every step at the main
+    command's 512 prompts; a number is kept, anything else is one line."""
+    assert parse_args([]).probe_every == 1  # 512 prompts: the probe is ~0.2% of a step
+    assert [parse_args(["--prompts-per-step", str(p)]).probe_every for p in (4, 8, 16)] == [3, 2, 1]
+    assert parse_args(["--prompts-per-step", "4", "--probe-questions", "0"]).probe_every == 1  # off anyway
+    assert parse_args(["--probe-every", "5"]).probe_every == 5
+    r = run("train.py", "--probe-every", "0")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == \
+        "train.py: error: --probe-every must be an integer >= 1 or auto, got 0"
