@@ -26,6 +26,8 @@ rewritten after each part, so a run cut short keeps what it measured.
    500 retrieved tokens, group 5, --micro-batch-size and --gen-batch-size from the plan) for one step on 3B with
    MAIN_PROMPTS prompts, if MAIN_MIN_S of the budget is left, and that step's time extrapolated to 512 prompts
    (the arithmetic is printed).
+6. The decode step: one new token for 20, 178 and 320 rows over a 1,536-token KV cache, per model, eager under bf16
+   autocast, its ms beside the memory-bandwidth floor (the bf16 weights and the KV cache read once; BANDWIDTH).
 The whole check stops starting parts after BUDGET_S.
 
     python gpu/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
@@ -78,6 +80,77 @@ MAIN = {  # part 5's flags over train.py's defaults (the main command's: group 5
     "gpu": ["--prompts-per-step", str(MAIN_PROMPTS), "--mini-batch-size", str(MAIN_PROMPTS * 5)],
 }
 GEN = {"tiny": (8, 16), "gpu": (64, 64)}  # part 4: rows, new tokens per turn
+# part 6: rows decoded together (the main command's generate calls on one H200 hold 178, the plan's 320 at 4 GPUs;
+# 20: a turn's stragglers), over a KV cache of this many tokens (about the main command's mean context)
+DECODE = {"tiny": ((2, 4), 64), "gpu": ((20, 178, 320), 1536)}
+# memory bandwidth, bytes/s (NVIDIA's datasheets: H200 4.8 TB/s, H100 SXM 3.35 TB/s): the decode step's floor
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}
+
+
+def decode_child(model: str, out: str, rows: str, context: int, reps: int = 10):
+    """In the subprocess: one decode step (one new token for each of R rows over a KV cache of `context` tokens, the
+    model's forward as the cb engine makes it), eager, under bf16 autocast on a GPU (fp32 on a CPU), the median of
+    `reps` wall times after a warm-up, GPU synchronised. Beside it the step's memory floor on a GPU: the bf16 weights
+    (2 bytes a parameter) and the rows' KV cache read once at the datasheet's bandwidth (BANDWIDTH). Writes OUT (JSON)
+    with a row per R: step ms, floor ms, step / floor. The CUDA-graph path is not built yet: its column waits."""
+    import statistics
+
+    import torch
+    from transformers import DynamicCache
+
+    from machinery.memory import kv_bytes_per_token
+    from machinery.policy import autocast, load_policy
+
+    cuda = torch.cuda.is_available()
+    policy, _, device = load_policy(model, "float32", "cuda" if cuda else "cpu")
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    bandwidth = next((b for key, b in BANDWIDTH.items() if key in name), None)
+    n = sum(p.numel() for p in policy.parameters())
+    amp, report = autocast("bf16" if cuda else "off", device), {"context": context, "device": name, "rows": []}
+    for r in (int(x) for x in rows.split(",")):
+        ids = torch.randint(0, policy.config.vocab_size, (r, context + reps + 1), device=device)
+        times = []
+        with torch.no_grad(), amp():
+            cache = DynamicCache(config=policy.config)
+            policy(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+            for i in range(reps + 1):
+                if cuda:
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                policy(input_ids=ids[:, context + i:context + i + 1], past_key_values=cache, use_cache=True)
+                if cuda:
+                    torch.cuda.synchronize()
+                if i:  # the first is a warm-up
+                    times.append(time.perf_counter() - t)
+        step = statistics.median(times)
+        read = 2 * n + r * context * kv_bytes_per_token(policy.config, 2)
+        floor = read / bandwidth if bandwidth else None
+        report["rows"].append({"rows": r, "eager_ms": step * 1e3, "floor_ms": floor * 1e3 if floor else None,
+                               "x_floor": step / floor if floor else None, "graph_ms": None})
+    atomic_write(Path(out), json.dumps(report))
+
+
+def decode_row(model: Path, tmp: Path, rows: tuple, context: int, timeout: float, env: dict) -> dict:
+    """Part 6 in a fresh process (decode_child)."""
+    row = {"rows": list(rows), "context": context}
+    if timeout < 30:
+        return {**row, "error": "not run: the budget (--budget) was spent"}
+    out = tmp / f"decode_{model.name}.json"
+    rc, stdout, stderr = run([sys.executable, __file__, "--decode-child", str(model), str(out),
+                              ",".join(map(str, rows)), str(context)], timeout, env)
+    if rc != 0 or not out.is_file():
+        return failed(row, rc, stdout, stderr, timeout)
+    return json.loads(out.read_text())
+
+
+def decode_table(name: str, d: dict) -> str:
+    if "error" in d:
+        return f"decode step, {name}: failed: {d['error']}"
+    lines = [f"decode step, {name}, KV cache {d['context']} tokens, eager (the CUDA-graph path: not built yet):"]
+    for r in d["rows"]:
+        floor = f"floor {r['floor_ms']:.2f} ms, {r['x_floor']:.1f}x" if r["floor_ms"] else "no bandwidth figure"
+        lines.append(f"  {r['rows']:>4} rows: {r['eager_ms']:.2f} ms ({floor})")
+    return "\n".join(lines)
 
 
 def build(name: str, folder: Path, device: str) -> int:
@@ -418,15 +491,19 @@ def main():
     ap.add_argument("--tests", nargs="*", help="pytest paths for part 2 (default: the CUDA tests; none with --tiny or a bare --tests)")
     ap.add_argument("--main-prompts", type=int, default=None,
                     help=f"part 5's prompts per step (default {MAIN_PROMPTS}; 0 leaves part 5 out)")
-    ap.add_argument("--parts", nargs="+", choices=("gen", "train", "main"), default=["gen", "train", "main"],
-                    help="parts 4, 3 and 5 to run (default all; part 2, the tests, is --tests)")
+    ap.add_argument("--parts", nargs="+", choices=("gen", "train", "main", "decode"),
+                    default=["gen", "train", "main", "decode"],
+                    help="parts 4, 3, 5 and 6 to run (default all; part 2, the tests, is --tests)")
     ap.add_argument("--fsdp", choices=("both", "off", "on"), default="both",
                     help="part 3's runs: without and with --fsdp (default), or one of them")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds after which no part starts (default {BUDGET_S})")
     ap.add_argument("--out", default="runs/gpu_check.json", help="the JSON of every figure (rewritten after each part)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ap.add_argument("--gen-child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--decode-child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.decode_child:
+        return decode_child(*a.decode_child[:3], int(a.decode_child[3]))
     if a.child:
         return child(a.child[0], a.child[1], a.child[2:])
     if a.gen_child:
@@ -466,7 +543,8 @@ def main():
                       None if a.tiny else TEST_WORKERS)
         params = {}
         gen_model = "tiny" if a.tiny else a.gen_model or models[0]
-        for m in dict.fromkeys([gen_model] * ("gen" in a.parts) + models * bool({"train", "main"} & set(a.parts))):
+        built = [gen_model] * ("gen" in a.parts) + models * bool({"train", "main", "decode"} & set(a.parts))
+        for m in dict.fromkeys(built):
             t = time.time()
             params[m] = build(m, tmp / m, device)
             print(f"built {m}: {params[m] / 1e6:,.1f}M parameters, random weights, in {time.time() - t:.0f} s", flush=True)
@@ -504,6 +582,11 @@ def main():
             report["main"] = {"error": "left out (--main-prompts 0)" if not prompts or "main" not in a.parts else
                               f"not run: {left:.0f} s of the budget left, under {MAIN_MIN_S} s"}
         save()
+        report["decode"] = {}
+        for m in models * ("decode" in a.parts):  # part 6: the decode step against its floor
+            report["decode"][m] = decode_row(tmp / m, tmp, *DECODE[kind], a.budget - (time.time() - t0), env)
+            print(decode_table(m, report["decode"][m]), flush=True)
+            save()
         report["tests"] = tests.result()
         print(f"tests: {report['tests'].get('summary') or report['tests'].get('skipped')}", flush=True)
         for line in report["tests"].get("failed", []):
