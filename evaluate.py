@@ -10,7 +10,7 @@ triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, split test, else
 token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per
 question, and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
 --limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions.
-Sub-EM, like EM, never counts a gold that normalises to "" (departure 9 in docs/departures.md;
+Sub-EM, like EM, never counts a gold that normalises to "" (P20 in docs/pitfalls.md;
 FlashRAG counts it in any answer).
 
     python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
@@ -115,7 +115,7 @@ def sub_em(prediction: str | None, golden_answers) -> float:
         normalize_answer(g)
         for g in ([golden_answers] if isinstance(golden_answers, str) else golden_answers)
     ]
-    # NOTE(departure 9): a gold normalising to "" never counts
+    # NOTE(P20): a gold normalising to "" never counts
     return float(any(g and g in pred for g in golds))
 
 

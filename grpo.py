@@ -19,9 +19,9 @@ tokens the policy generated, 0 elsewhere.
 "ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., arXiv
 2507.18071) is the code's USE_GSPO=true branch, for the paper's GSPO rows; eps_high > eps is DAPO's
 "clip-higher" (docs/departures.md, "Loss options"). Departures from the official code (each a bug
-fix or a guard; the defaults otherwise match it): docs/departures.md, 11-15. The metrics' official
-keys: docs/training.md. Run `python grpo.py` for a demo on toy tensors. At the end, off by default:
-CalibAdv's calibrated advantages (train.py --calib-adv), a published cure for the collapse.
+fix or a guard; the defaults otherwise match it): docs/departures.md, P4, P13-P15, P31. The metrics'
+official keys: docs/training.md. Run `python grpo.py` for a demo on toy tensors. At the end, off by
+default: CalibAdv's calibrated advantages (train.py --calib-adv), a published cure for the collapse.
 """
 
 import torch
@@ -38,7 +38,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6,
     rewards: [B] float; group_ids: length-B list of hashables (or a [B] tensor / array of ids)
     naming the *prompt* each trajectory answers (P2-P4). Returns adv [B]. std is the unbiased (N-1)
     estimator, as torch.std in the code. A group of size 1 uses mean 0 and std 1 (veRL), so its
-    advantage is the raw reward. A group whose rewards are all equal gets exactly 0 (departure 13).
+    advantage is the raw reward. A group whose rewards are all equal gets exactly 0 (P13).
     `scale=False` gives the Dr. GRPO variant r_i - mean_g. Raises ValueError if the lengths differ.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
@@ -58,7 +58,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: list, eps: float = 1e-6,
             mean, std = r.mean(), r.std()  # unbiased, as the code
         a = (r - mean) / (std + eps) if scale else r - mean
         if r.numel() > 1 and bool((r == r[0]).all()):
-            a = torch.zeros_like(r)  # NOTE(departure 13): equal rewards carry no signal, exactly
+            a = torch.zeros_like(r)  # NOTE(P13): equal rewards carry no signal, exactly
         adv[gid == g] = a
     return adv
 
@@ -82,11 +82,11 @@ def kl_k3(logp, ref_logp):
     """k3 ("low_var_kl") = exp(ref - logp) - (ref - logp) - 1 >= 0, clamped to [-10, 10] as the code
     does.
 
-    The log-ratio is clamped to [-20, 20] first (departure 14) so exp never overflows. Used in the
+    The log-ratio is clamped to [-20, 20] first (P15) so exp never overflows. Used in the
     loss, its gradient is a biased estimate of the reverse-KL gradient (P15b); it is the official
     default.
     """
-    # NOTE(departure 14); float32: departure 15
+    # NOTE(P15); float32: P31
     log_ratio = (ref_logp.float() - logp.float()).clamp(-20.0, 20.0)
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
@@ -98,7 +98,7 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_k3}
 
 
 def _token_mean(x, mask, num_tokens, num_seqs, norm_len):
-    # NOTE(departure 12): num_tokens is the mini-batch's count; Search-R1 divides by each
+    # NOTE(P14): num_tokens is the mini-batch's count; Search-R1 divides by each
     # micro-batch's own (P14)
     return (x * mask).sum() / num_tokens  # every unmasked token of the mini-batch weighs the same
 
@@ -155,11 +155,11 @@ def ppo_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
     """Token ratio r_t = exp(logp - old_logp), capped at 100 as compute_policy_loss does
     (core_algos.py lines 186-189).
 
-    logp, old_logp, mask: [B, T] -> [B, T]. The log-ratio is clamped to [-20, 20] first (departure
-    14): the code's exp overflows to inf beyond ~88 nats, and the cap's zero gradient times inf is
-    NaN. `mask` is unused (per token).
+    logp, old_logp, mask: [B, T] -> [B, T]. The log-ratio is clamped to [-20, 20] first (P15): the
+    code's exp overflows to inf beyond ~88 nats, and the cap's zero gradient times inf is NaN.
+    `mask` is unused (per token).
     """
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T] NOTE(departure 14)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, T] NOTE(P15)
     # [B, T] above 100: constant, gradient 0 (the code's cap)
     return log_ratio.exp().clamp(max=PPO_RATIO_MAX)
 
@@ -248,7 +248,7 @@ def grpo_loss(
     symmetric clip). metrics are detached floats under "grpo/" (docs/training.md maps them to the
     code's). num_tokens / num_seqs / norm_len: see `aggregate` (pass the mini-batch totals when
     micro-batching). Computed in float32 whatever the log-probs' dtype, with masked slots set to 0
-    first (departure 15). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and entropy
+    first (P31). Raises ValueError unless logp, old_logp, ref_logp, loss_mask and entropy
     are [B, T] and adv is [B] or [B, T], or on unknown names.
     """
     check_shapes(logp, old_logp, adv, loss_mask, ref_logp=ref_logp, entropy=entropy)
@@ -261,7 +261,7 @@ def grpo_loss(
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     # float32 (an fp16 exp overflows past ~11 nats), and 0 on masked slots, so a -inf there cannot
     # turn into NaN
-    # NOTE(departure 15)
+    # NOTE(P31)
     logp, old_logp = masked_float(logp, mask), masked_float(old_logp.detach(), mask)
     ref_logp = None if ref_logp is None else masked_float(ref_logp.detach(), mask)
     entropy = None if entropy is None else masked_float(entropy, mask)
@@ -301,7 +301,7 @@ def grpo_loss(
     return loss, metrics
 
 
-# NOTE(departure 12): how train.update combines each metric of grpo_loss over the micro-batches (and
+# NOTE(P14): how train.update combines each metric of grpo_loss over the micro-batches (and
 # ranks) of one optimizer mini-batch: "sum" for terms already divided by the mini-batch's totals and
 # for counts (their micro-batch parts add up), "max" for maxima, and ("mean", w) for averages over
 # the micro-batch's own units, which count w: the mini-batch's value is sum(value * w) / sum(w), the

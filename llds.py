@@ -21,7 +21,7 @@ method), "token" (Eq. 9, no gate). Normalisers (`norm=`): "code" (default; it pr
 numbers) divides by all unmasked response tokens; "paper" as Eqs. 4, 9, 10 typeset it. Also here:
 the paper's likelihood diagnostics (Eq. 2, Figs. 2, 5) and an alarm on the death spiral's phases
 (Sec. 5.1). Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61):
-docs/departures.md, 16-21. Run `python llds.py` for a demo on toy tensors.
+docs/departures.md, P14, P28, P31-P33. Run `python llds.py` for a demo on toy tensors.
 """
 
 import torch
@@ -152,7 +152,7 @@ def llds_loss(
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     # old minus current (the LLD diagnostic, v2 Eq. 2, uses the other sign), in float32: in bf16
-    # rounding would set the sign of the gate's sums of hundreds of Deltas; NOTE(departure 20): 0 on
+    # rounding would set the sign of the gate's sums of hundreds of Deltas; NOTE(P31): 0 on
     # masked slots, so a -inf log-prob there cannot become NaN (-inf * 0) in the gate's sums
     delta = torch.where(mask > 0, old_logp.detach().float() - logp.float(),
                         torch.zeros((), device=logp.device))
@@ -161,11 +161,11 @@ def llds_loss(
     # [B, T] gate, detached: it routes, it is not trained
     g, n_on, n_units = GATES[gate](delta.detach(), keep)
     w = 1.0 if weight is None else weight
-    # NOTE(departure 18): relu, whose gradient at Delta == 0 is 0; the code's torch.maximum(0,
+    # NOTE(P32): relu, whose gradient at Delta == 0 is 0; the code's torch.maximum(0,
     # Delta) gives half of it there (dp_actor.py:374) and clamp(min=0) all of it, so an ungated
     # on-policy token would be pulled up
     pen = g * torch.relu(delta) * w * mask  # [B, T] max(0, Delta) on gated tokens only
-    # NOTE(departure 17): "code" divides by the mini-batch's num_tokens; the code by each
+    # NOTE(P14): "code" divides by the mini-batch's num_tokens; the code by each
     # micro-batch's own count
     loss = NORMS[norm][gate](pen, keep, mask, num_tokens, num_pre, num_pre_tokens)
 
@@ -184,7 +184,7 @@ def llds_loss(
     return loss, metrics
 
 
-# NOTE(departure 19): how train.update combines each llds_loss metric over micro-batches and ranks
+# NOTE(P33): how train.update combines each llds_loss metric over micro-batches and ranks
 # (as grpo.REDUCE): "sum" for values divided by the mini-batch's totals (num_tokens, num_pre) and
 # for counts, ("mean", w) for averages over the micro-batch's own units (gate_rate: actions,
 # responses or tokens of Y_pre; delta_mean, frac_tokens: Y_pre tokens), weighted by their count w,
@@ -200,7 +200,7 @@ REDUCE = {"llds/penalty": "sum", "llds/active_per_response": "sum", "llds/units"
 
 # schedule -> (V, mask_weight w, lambda, V_B) -> beta, the answer span's weight in the term, in [0,
 # 1]. The code weighs answer-span tokens by min(answer_weight, lambda) and the others by lambda, and
-# we apply lambda outside the term (departure 16), so its beta is min(answer_weight / lambda, 1);
+# we apply lambda outside the term (P28), so its beta is min(answer_weight / lambda, 1);
 # the paper gives beta itself. V: batch-mean valid <search> calls per trajectory, counted as the
 # code counts them (generation.py meta_info valid_search_stats: a <search> in the final answer-only
 # turn counts).
@@ -255,7 +255,7 @@ def ma_weight(mean_valid_searches: float, answer_mask: torch.Tensor, schedule: s
     (the code's actor/answer_weight). mean_valid_searches: V, the batch mean of valid <search> calls
     per trajectory as the code counts them."""
     beta = ma_beta(mean_valid_searches, schedule, lam=lam, mask_weight=mask_weight)
-    return 1.0 + (beta - 1.0) * answer_mask, {  # NOTE(departure 16): beta; lambda is the caller's
+    return 1.0 + (beta - 1.0) * answer_mask, {  # NOTE(P28): beta; lambda is the caller's
         "llds/ma_beta": beta,
         "llds/answer_weight": ma_answer_weight(mean_valid_searches, schedule, lam=lam,
                                                mask_weight=mask_weight)}
@@ -281,7 +281,7 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
     masked_min: each response's lowest answer-token probability, averaged over the responses that
     have an answer span, :410-415; the code also averages in +inf for each response without one,
     which makes the logged value inf whenever one response has no answer: ours leaves them out,
-    departure 21). Both are 0.0 when no response has an answer span, as the code logs.
+    P33). Both are 0.0 when no response has an answer span, as the code logs.
     """
     mask = loss_mask.float()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
@@ -300,7 +300,7 @@ def official_metrics(old_logp, logp, adv, loss_mask, answer_mask, ref_logp=None)
         "llds/answer_tokens": per_resp.mean().item(),
         "llds/answer_frac": (per_resp > 0).float().mean().item(),
         "llds/answer_prob_mean": ((prob * ans).sum() / ans.sum()).item() if has else 0.0,
-        # NOTE(departure 21): the code's verl_F.masked_min (torch_functional.py): each response's
+        # NOTE(P33): the code's verl_F.masked_min (torch_functional.py): each response's
         # minimum, then the mean over responses, here over those with an answer span only
         "llds/answer_prob_min": prob.masked_fill(ans == 0,
                                                  float("inf")).amin(-1)[per_resp > 0].mean().item()

@@ -16,7 +16,7 @@ Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its A
 "score": float}, ...] per query]}, or [[document, ...] per query] without scores; corpus rows are
 {"id": str, "contents": '"Title"\\ntext'} (data.load_corpus). The model sees the hits as
 rollout.format_passages writes them (Search-R1's `_passages2string`). Departures (hits and scores
-aligned, only scores > 0, ties by passage order): docs/departures.md, 28-31.
+aligned, only scores > 0, ties by passage order): docs/departures.md, P23, P36-P38.
 
     python retriever.py                                   # a demo on a built-in 5-passage corpus
     python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] \
@@ -71,7 +71,7 @@ CLIENT_TIMEOUT = 30.0
 class BM25Retriever:
     """Exact BM25 top-k over an in-memory corpus: Lucene's scoring with its English analyzer
     (pyserini's, the default), or rank-bm25's Okapi with \\w+ words, by rank_bm25.BM25Okapi or
-    bm25.SparseBM25 (departure 3)."""
+    bm25.SparseBM25."""
 
     def __init__(self, corpus: list[dict], k1: float = 0.9, b: float = 0.4, engine: str = "auto",
                  index=None,
@@ -123,7 +123,7 @@ class BM25Retriever:
             if isinstance(index, SparseBM25)
             else max(index.idf.values(), default=0.0)
         )
-        # NOTE(departure 29): only scores > 0 are hits, so none ever is
+        # NOTE(P36): only scores > 0 are hits, so none ever is
         if bm25 == "okapi" and not best > 0:
             print(f"warning: --bm25 okapi finds no passage in this {len(corpus)}-passage corpus: "
                   f"rank-bm25's idf "
@@ -184,22 +184,22 @@ class BM25Retriever:
         float}, ...].
 
         Matches the `/retrieve` response of Search-R1's retrieval_server.py (one list per query,
-        best first), except departures 28-31: only passages with score > 0 (i.e. containing a query
+        best first), except P36-P38: only passages with score > 0 (i.e. containing a query
         word) are returned, ties keep passage order, and an empty/whitespace/unknown-word query
         gives []. Raises ValueError if topk < 1, TypeError if `queries` is a single string.
         """
         check_request(queries, topk)
         words = [self.analyze(query) for query in queries]  # [Q] word lists
-        # NOTE(departure 29): no word (empty, whitespace, stop words) -> no hits
+        # NOTE(P36): no word (empty, whitespace, stop words) -> no hits
         live = [w for w in words if w]
         # a turn's queries in one call, each from its posting lists
         if isinstance(self.bm25, SparseBM25):
             tops = iter(self.bm25.top_many(live, topk))
         else:  # rank-bm25: one [D] score vector per query, as Search-R1's BM25 _batch_search loops
             tops = ((order, scores[order]) for scores in map(self.bm25.get_scores, live)
-                    # [<=topk] best first; NOTE(departure 29): score > 0
+                    # [<=topk] best first; NOTE(P36): score > 0
                     for order in [top_k(scores, topk)])
-        # NOTE(departure 28): doc and score travel together, so they can never misalign or exceed
+        # NOTE(P23): doc and score travel together, so they can never misalign or exceed
         # topk (P23).
         return [[self._hit(i, score) for i, score in zip(*next(tops))] if w else [] for w in words]
 
@@ -514,7 +514,7 @@ if __name__ == "__main__":
         print(format_passages(retriever.search(["Rhine"], topk=3)[0]), end="")
         # Doc 1(Title: "Rhine") The Rhine flows through Germany and the Netherlands.
         print(retriever.search(["zebra", "   "]))
-        # [[], []]   unknown word and whitespace query: no hits (departure 2)
+        # [[], []]   unknown word and whitespace query: no hits (P36)
     else:
         t0 = time.perf_counter()
         try:

@@ -14,9 +14,9 @@ Every row of a batch is one trajectory; the G trajectories of a prompt are conti
 `group_id`, a per-batch prompt number (never a dataset row index, P4). Letters: B = prompts x G
 rows, T = response tokens. `rollout` takes its engine (`generate`, engine.py) and its `search`
 (retriever.py) as callables. Departures from Search-R1 (each fixes a bug listed in
-docs/pitfalls.md): docs/departures.md, 1-10; an engine must keep 6-8. Run `python rollout.py` for a
-demo of the reward and the observation format (seconds, no model); evaluate.py rolls out a real
-model on real questions.
+docs/pitfalls.md): docs/departures.md, P1-P28; an engine must keep P16, P17, P30. Run `python
+rollout.py` for a demo of the reward and the observation format (seconds, no model); evaluate.py
+rolls out a real model on real questions.
 """
 
 import re
@@ -79,7 +79,7 @@ def em_check(prediction: str | None, golden_answers) -> float:
     pred = normalize_answer(prediction)
     for gold in golds:
         g = normalize_answer(gold)
-        # NOTE(departure 9): P20 guard; Search-R1 would match an empty / article-only prediction
+        # NOTE(P20): P20 guard; Search-R1 would match an empty / article-only prediction
         # here
         if g == "":
             if " ".join(prediction.lower().split()) == " ".join(gold.lower().split()) != "":
@@ -116,11 +116,11 @@ def extract_answer(response_text: str) -> str | None:
     """The last <answer>...</answer> of a response text (rollout passes one model action), stripped;
     None if none.
 
-    Departure 5 (P1): Search-R1 searches prompt + response and returns None unless there are >= 2
+    P1: Search-R1 searches prompt + response and returns None unless there are >= 2
     matches.
     """
     matches = ANSWER_RE.findall(response_text)
-    # NOTE(departure 5): last match of the response only; Search-R1 needs >= 2 over prompt +
+    # NOTE(P1): last match of the response only; Search-R1 needs >= 2 over prompt +
     # response (P1)
     return matches[-1].strip() if matches else None
 
@@ -176,7 +176,7 @@ def _word_prefix(text: str, n: int) -> str:
 def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
     """Token ids of "\\n\\n<information>{docs}</information>\\n\\n", at most max_obs_tokens long.
 
-    The document text is cut to fit *inside* the tags (departure 4, P12), so the block is always
+    The document text is cut to fit *inside* the tags (P12), so the block is always
     closed. Only a prefix of the text is tokenized: about 8 characters per token of budget, doubled
     until it gives the budget (a 10 MB passage costs what a short one does, where tokenizing it all
     took seconds and gigabytes). The prefix ends at a word boundary (`_word_prefix`), so the ids
@@ -197,7 +197,7 @@ def observation_ids(docs: str, tokenizer, max_obs_tokens: int) -> list[int]:
         if len(body) >= budget or len(prefix) == len(text):
             break
         n *= 2
-    # NOTE(departure 4): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses
+    # NOTE(P12): cut the text, then wrap; Search-R1 cuts the wrapped ids and loses
     # </information> (P12)
     return head + body[:budget] + tail
 
@@ -259,7 +259,7 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
     """
     ended_on_eos = False
     for k, t in enumerate(new_ids):
-        # NOTE(departure 3): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
+        # NOTE(P9): EOS kept; Search-R1 decodes with skip_special_tokens and drops it
         if t in eos_ids:
             new_ids, ended_on_eos = new_ids[: k + 1], True
             break
@@ -268,7 +268,7 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
         return any(s in text for s in STOP_STRINGS)
 
     if new_ids and has_stop(tokenizer.decode(new_ids)):
-        # NOTE(departure 1): cut by token index, never decode + re-encode as Search-R1 does (P7)
+        # NOTE(P7): cut by token index, never decode + re-encode as Search-R1 does
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
     return new_ids, ended_on_eos
 
@@ -277,7 +277,7 @@ def answer_span(action_ids: list[int], tokenizer) -> list[int]:
     """0/1 per token of one action: 1 on the tokens of its last <answer>...</answer> (tags
     included), for LLDS-MA.
 
-    Departure 10: any span length, mapped by prefix lengths of the sampled ids; the LLDS code
+    P28: any span length, mapped by prefix lengths of the sampled ids; the LLDS code
     searches the response's last 50 tokens only and re-tokenizes text to find the span
     (generation.py:426, 455-467).
     """
@@ -285,7 +285,7 @@ def answer_span(action_ids: list[int], tokenizer) -> list[int]:
     spans = list(ANSWER_RE.finditer(text))
     if not spans:
         return [0] * len(action_ids)
-    # NOTE(departure 10): the whole span, by prefix lengths of the sampled ids; the LLDS code reads
+    # NOTE(P28): the whole span, by prefix lengths of the sampled ids; the LLDS code reads
     # the last 50 tokens
     start = spans[-1].start()
     # token holding the '<' of <answer>
@@ -346,7 +346,7 @@ class Episode:
             kind = "action" if trained else "observation"
             raise ValueError(f"answer_mask {answer_mask} does not fit {len(ids)} {kind} ids")
         self.response_ids += ids
-        # NOTE(departure 2): built while concatenating, no regex (P6)
+        # NOTE(P6): built while concatenating, no regex
         self.loss_mask += [int(trained)] * len(ids)
         self.answer_mask += answer_mask
 
@@ -360,14 +360,14 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
     generate: the engine, a callable (contexts: [N] lists of token ids, prompt + response so far) ->
     [N] lists of new ids, the turn up to its first EOS or stop string, possibly followed by more
     (padding, overshoot: `cut_turn` drops it), with an `eos_ids` attribute (the ids that end a turn)
-    and an optional `reset()`, called when the rollout ends: machinery.engine.cb_generator(model,
+    and an optional `reset()`, called when the rollout ends: machinery.engine.CBGenerator(model,
     tokenizer, stop_strings=STOP_STRINGS, ...) (the default), its hf_generator and kv_generator, or
     any function. search: a callable (queries: list[str], topk: int) -> one list of hits per query,
     as retriever.BM25Retriever.search and RemoteRetriever.search give them ([{"document": {"id",
     "contents"}, "score"}, ...]); the model sees `format_passages` of them, the Episode keeps them
     (Episode.retrieved). rows: dicts with "question", "golden_answers" (list of str) and optional
     "data_source". max_turns: search-enabled generations before the final answer-only one (LLDS
-    trains with 3, Search-R1 with 4). max_obs_tokens: per observation (departure 4). topk: passages
+    trains with 3, Search-R1 with 4). max_obs_tokens: per observation (P12). topk: passages
     per search. Model tokens get loss_mask 1; observation tokens 0. Raises ValueError on a row
     without question/golden_answers.
     """
@@ -379,7 +379,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
         prompt_ids = tokenizer.encode(make_prompt(row["question"], tokenizer),
                                       add_special_tokens=False)
         for _ in range(group_size):  # contiguous groups (P3)
-            # NOTE(departure 11): group_id = position in this batch, not Search-R1's dataset index
+            # NOTE(P4): group_id = position in this batch, not Search-R1's dataset index
             # uid (P4)
             episodes.append(
                 Episode(
@@ -401,14 +401,14 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
         queries = []
         for e, new in zip(active, outs, strict=True):
             ids, e.ended_on_eos = cut_turn(new, tokenizer, generate.eos_ids)
-            # NOTE(departure 1): the sampled ids themselves; Search-R1 re-encodes the text (P7)
+            # NOTE(P7): the sampled ids themselves; Search-R1 re-encodes the text
             e.append(ids, trained=True, answer_mask=answer_span(ids, tokenizer))
             e.num_turns += 1
             action_text = tokenizer.decode(ids)
             match = ACTION_RE.search(action_text)
-            # NOTE(departure 5): the answer is read from this model action only, never prompt +
+            # NOTE(P1): the answer is read from this model action only, never prompt +
             # response (P1)
-            # departure 5: only the ending action can hold a full <answer>
+            # P1: only the ending action can hold a full <answer>
             e.answer = extract_answer(action_text)
             action = match.group(1) if match else None
             e.num_valid_actions += action is not None
@@ -429,7 +429,7 @@ def rollout(generate, tokenizer, rows: list[dict], search, *, group_size: int = 
                 # evaluate.py reads the passage titles from it (retrieval recall)
                 e.retrieved.append(h)
 
-    # an engine that keeps KV (engine.cb_generator, kv_generator) frees it
+    # an engine that keeps KV (engine.CBGenerator, kv_generator) frees it
     getattr(generate, "reset", lambda: None)()
     for e in episodes:
         e.text = tokenizer.decode(e.response_ids)

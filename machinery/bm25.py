@@ -19,10 +19,10 @@ holding w. Two variants (`BM25_VARIANTS`, train.py and evaluate.py `--bm25`):
     top 3 (benchmarks/bench_retrieval.py).
 `SparseBM25.build` stores each word's posting list (the passages holding it, each with its term
 score), so a query adds up only its words' lists; retriever.BM25Retriever searches with it.
-Departures (Unicode tables, ties by passage order): docs/departures.md, 30-31; agreement with Lucene
-measured: docs/retrieval.md. Shapes: D = passages in the corpus, V = distinct words, nnz = (word,
-passage) pairs; `scores` is [D] per query. Run `python -m machinery.bm25` for a demo: both analyzers
-on one question, both variants' top passages of a 3-passage corpus.
+Departures (Unicode tables, ties by passage order): docs/departures.md, P37-P38; agreement with
+Lucene measured: docs/retrieval.md. Shapes: D = passages in the corpus, V = distinct words, nnz =
+(word, passage) pairs; `scores` is [D] per query. Run `python -m machinery.bm25` for a demo: both
+analyzers on one question, both variants' top passages of a 3-passage corpus.
 """
 
 import functools
@@ -75,7 +75,7 @@ def tokenize(text: str) -> list[str]:
 # module draws its word boundaries (WORD flag), plus runs of Thai/Lao/Khmer/Myanmar letters (UAX #29
 # leaves those to a dictionary; Lucene keeps each run whole). A segment is a token when it holds a
 # letter, a digit, a kana/ideograph or a pictograph; spaces and punctuation are dropped. So
-# "O'Neil's U.S. 3.14 e-mail" -> ["O'Neil's", "U.S", "3.14", "e", "mail"]. NOTE(departure 30): the
+# "O'Neil's U.S. 3.14 e-mail" -> ["O'Neil's", "U.S", "3.14", "e", "mail"]. NOTE(P37): the
 # regex module's Unicode tables, not those Lucene's tokenizer was generated from.
 _SEGMENT = regex.compile(r"\p{Line_Break=Complex_Context}+|\b.+?\b",
                          flags=regex.WORD | regex.V1 | regex.DOTALL)
@@ -527,7 +527,7 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the <= k best scores > 0, best first, ties by passage order: the first k of a
     stable descending argsort, without sorting all D scores (np.partition finds the k-th best, then
     only the survivors are sorted)."""
-    # [n] ascending passage index; NOTE(departure 31): Anserini ties by id string
+    # [n] ascending passage index; NOTE(P38): Anserini ties by id string
     cand = np.flatnonzero(scores > 0)
     if len(cand) > k:
         kth = np.partition(scores[cand], len(cand) - k)[len(cand) - k]  # the k-th largest score

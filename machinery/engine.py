@@ -2,23 +2,20 @@
 train.py/evaluate.py `--generator`.
 
 Each samples a turn y ~ pi_theta(. | context) token by token from softmax(logits / temperature), cut
-to the top_p nucleus, until the first EOS, </search> or </answer>; all three keep departures 6-8
+to the top_p nucleus, until the first EOS, </search> or </answer>; all three keep P16, P17 and P30
 (docs/departures.md: ids beyond the tokenizer never sampled, a turn stops at its first tag, sampling
 by temperature and top_p only).
-  `hf` (`hf_generator`): Hugging Face's `model.generate` with one GenerationConfig; it re-prefills
-    each row's whole
-      context (prompt + all earlier actions and observations) every turn, and a call decodes until
-        its longest row
-      stops: rows that stopped keep their slot as padding.
+  `hf` (`hf_generator`): Hugging Face's `model.generate` with one GenerationConfig; it
+    re-prefills each row's whole context (prompt + all earlier actions and observations) every
+    turn, and a call decodes until its longest row stops: stopped rows keep their slot as padding.
   `hf-kv` (`kv_generator`): the same calls, each call's KV cache (transformers' DynamicCache) of
-    gen_batch_size rows
-      kept from one turn to the next, so a turn feeds only what the row does not have cached.
-  `cb` (`cb_generator`, the default): our own decode loop over at most gen_batch_size slots
-    (continuous batching): a
-      row that stops leaves its slot at once and the next waiting row is prefilled into it; KV is
-        kept across turns.
+    gen_batch_size rows kept from one turn to the next, so a turn feeds only what the row does not
+    have cached.
+  `cb` (`CBGenerator`, the default): our own decode loop over at most gen_batch_size slots
+    (continuous batching): a row that stops leaves its slot at once and the next waiting row is
+    prefilled into it; KV is kept across turns.
 hf-kv and cb sample from hf's distribution and keep a turn's ids as hf does; where they depart from
-it (which rows share a forward pass, what memory they hold): docs/departures.md, 22-27. Figures:
+it (which rows share a forward pass, what memory they hold): docs/departures.md, P34-P35. Figures:
 docs/scaling.md ("Generation engines"). Run `python -m machinery.engine` for a demo: greedy turns of
 a tiny random model, the three engines, the same ids.
 """
@@ -38,12 +35,12 @@ def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
     contexts.
 
     stop_strings: a turn ends at the first of them, kept in the turn (rollout.STOP_STRINGS,
-    departure 7). max_new_tokens: per generation turn (500 in the paper). temperature/top_p:
-    sampling (paper code 1.0 / 0.95), and nothing else (departure 8, P17); do_sample=False is greedy
+    P30). max_new_tokens: per generation turn (500 in the paper). temperature/top_p:
+    sampling (paper code 1.0 / 0.95), and nothing else (P17); do_sample=False is greedy
     (evaluation). batch_size: rows per generate call (memory). logits_processor: extra processors
     (tests script the policy with one). Stops at the first EOS (the model's generation_config EOS
-    ids and the tokenizer's) or stop string (departure 7); ids beyond the tokenizer are never
-    sampled (departure 6, P16).
+    ids and the tokenizer's) or stop string (P30); ids beyond the tokenizer are never
+    sampled (P16).
 
     Returns generate(contexts: [N] lists of token ids) -> [N] lists of new ids, with
     generate.eos_ids (a frozenset). A row that stopped early is padded to the longest row of its
@@ -55,13 +52,13 @@ def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
     )
     eos_ids.add(tokenizer.eos_token_id)
     pad, vocab = tokenizer.pad_token_id, model.get_output_embeddings().weight.shape[0]
-    gen_cfg = GenerationConfig(  # NOTE(departure 8): temperature and top_p only (P17)
+    gen_cfg = GenerationConfig(  # NOTE(P17): temperature and top_p only
         max_new_tokens=max_new_tokens, do_sample=do_sample,
         temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=0 if do_sample else None, repetition_penalty=1.0,
-        # NOTE(departure 7)
+        # NOTE(P30)
         eos_token_id=sorted(eos_ids), pad_token_id=pad, stop_strings=list(stop_strings),
-        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # NOTE(departure 6) (P16)
+        suppress_tokens=list(range(len(tokenizer), vocab)) or None,  # NOTE(P16)
     )
 
     def generate(contexts: list[list[int]]) -> list[list[int]]:
@@ -72,7 +69,7 @@ def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
             width = max(len(c) for c in batch)
             # [n, L] left-padded
             input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch])
-            # NOTE(departure 3): mask by position, not `ids != pad`, which erases real EOS when pad
+            # NOTE(P9): mask by position, not `ids != pad`, which erases real EOS when pad
             # == eos (P9)
             # [n, L]
             attention_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch])
@@ -190,7 +187,7 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
 
     def generate(contexts: list[list[int]]) -> list[list[int]]:
         plan = match(contexts)
-        if plan is None:  # NOTE(departure 24): a context that extends no kept row
+        if plan is None:  # NOTE(P34): a context that extends no kept row
             return fresh(contexts)
         out, device = [None] * len(contexts), next(model.parameters()).device
         for ci, call in enumerate(calls):
@@ -198,7 +195,7 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
             if not rows:  # every row of this call finished: free its cache
                 call["cache"] = None
                 continue
-            # NOTE(departure 22): finished rows leave; never refilled
+            # NOTE(P34): finished rows leave; never refilled
             if len(rows) < len(call["tokens"]):
                 call["cache"].batch_select_indices(
                     torch.tensor([r for _, r in rows], device=device)
@@ -217,7 +214,7 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
             call["contexts"] = [contexts[j] for j, _ in rows]
             for (j, _), new in zip(rows, run(call, tokens, mask), strict=True):
                 out[j] = new
-        # NOTE(departure 23): the others stay
+        # NOTE(P34): the others stay
         calls[:] = [c for c in calls if c["cache"] is not None]
         return out
 
@@ -229,8 +226,8 @@ def kv_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
 def _processors(gen_cfg, extra, device):
     """hf's logits processors for gen_cfg, in generate's order
     (GenerationMixin._get_logits_processor, transformers 5.24): ids beyond the tokenizer suppressed
-    (departure 6), the caller's `extra`, then, when sampling, temperature (if != 1) and top_p (if <
-    1) (departure 8). Returns a LogitsProcessorList: (ids [n, S], scores [n, V]) -> [n, V]."""
+    (P16), the caller's `extra`, then, when sampling, temperature (if != 1) and top_p (if <
+    1) (P17). Returns a LogitsProcessorList: (ids [n, S], scores [n, V]) -> [n, V]."""
     from transformers import (LogitsProcessorList, SuppressTokensLogitsProcessor,
                               TemperatureLogitsWarper,
                               TopPLogitsWarper)
@@ -301,58 +298,65 @@ def _roomy_layer(room: int):
     return RoomyLayer()
 
 
-def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
-                 temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True,
-                 batch_size: int = 64,
-                 logits_processor=None):
+class CBGenerator:
     """The `cb` engine: our own decode loop over at most `batch_size` slots; a row that stops leaves
     its slot at once and the next waiting row takes it (continuous batching); a row's KV is kept
-    across turns while no waiting row needs its slot (departure 26), so a later turn prefills only
+    across turns while no waiting row needs its slot (P35), so a later turn prefills only
     its new tokens.
 
     Arguments as hf_generator; the logits processing is hf's (`_processors`), and a row stops where
     hf's would (its EosTokenCriteria and StopStringCriteria, or max_new_tokens), so greedy ids equal
-    hf's (up to float rounding: tests/test_engine.py). Returns generate(contexts: [N] lists of token
-    ids) -> [N] lists of new ids, each ending at its stop (no padding), with generate.eos_ids (a
-    frozenset) and generate.reset() (drops the kept KV; rollout calls it at the end).
+    hf's (up to float rounding: tests/test_engine.py). An instance is the engine's generate:
+    `engine(contexts: [N] lists of token ids)` -> [N] lists of new ids, each ending at its stop (no
+    padding); `engine.eos_ids` (a frozenset); `engine.reset()` drops the kept KV (rollout calls it
+    at the end). Raises ValueError (one line) for a model with sliding-window layers.
 
     How a turn runs (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV
     heads):
       * each running row is compact and right-aligned: its cached ids are its last columns of the
         cache [n, H, W, Dh] (left padding masked), its ids (context + sampled so far) the last ones
         of `seq` [n, S];
-      * a step: scores = hf's logits processors (`_processors`) on (seq, logits [n, V]); sample
-        (softmax + multinomial) or argmax; a row stops on hf's own criteria (EosTokenCriteria,
-        StopStringCriteria) or max_new_tokens and leaves at once (the columns only it used go too);
-        the others decode one token at position = their count of cached ids;
-      * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV,
-        each row compacted (torch.gather) and joined on the left-padded cache, with room for the
-        steps left (`_roomy_layer`: in place).
+      * a step (`_sample`, `_leave`, `_decode`): scores = hf's logits processors on (seq,
+        logits [n, V]); sample (softmax + multinomial) or argmax; a row stops on hf's own
+        criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at once (the
+        columns only it used go too); the others decode one token at position = their count of
+        cached ids;
+      * free slots take the next waiting rows (`_admit`): one prefill of their uncached ids on
+        their kept KV, each row compacted (torch.gather) and joined on the left-padded cache, with
+        room for the steps left (`_roomy_layer`: in place).
     """
-    from transformers import (
-        DynamicCache,
-        EosTokenCriteria,
-        StopStringCriteria,
-        StoppingCriteriaList,
-    )
-    from transformers.cache_utils import DynamicLayer
 
-    base = hf_generator(model, tokenizer, stop_strings=stop_strings, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, do_sample=do_sample,
-                        batch_size=batch_size,
-                        logits_processor=logits_processor)
-    gen_cfg, pad = base.gen_cfg, tokenizer.pad_token_id
-    stops = StoppingCriteriaList([EosTokenCriteria(gen_cfg.eos_token_id),
-                                  StopStringCriteria(tokenizer, gen_cfg.stop_strings)])
-    # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV is
-    # held, KV)
-    kept = []
+    def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...],
+                 max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
+                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+        from transformers import EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
 
-    def make_cache(kv, room=0):
+        base = hf_generator(model, tokenizer, stop_strings=stop_strings,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            do_sample=do_sample, batch_size=batch_size,
+                            logits_processor=logits_processor)
+        self.model, self.max_new_tokens, self.do_sample = model, max_new_tokens, do_sample
+        self.batch_size, self.logits_processor = batch_size, logits_processor
+        self.gen_cfg, self.pad, self.eos_ids = base.gen_cfg, tokenizer.pad_token_id, base.eos_ids
+        self.stops = StoppingCriteriaList([
+            EosTokenCriteria(self.gen_cfg.eos_token_id),
+            StopStringCriteria(tokenizer, self.gen_cfg.stop_strings)])
+        # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV
+        # is held, KV)
+        self.kept = []
+
+    def reset(self):
+        """Drop the KV kept for a later turn (rollout calls it when its rollout ends)."""
+        self.kept.clear()
+
+    def _make_cache(self, kv, room=0):
         """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room`
         (`_roomy_layer`)."""
-        cache = DynamicCache(config=model.config)
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # NOTE(departure 27)
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # NOTE(P35)
             raise ValueError("--generator cb needs full-attention layers (no sliding window): use "
                              "--generator hf")
         cache.layers = [_roomy_layer(room) for _ in cache.layers]
@@ -360,20 +364,19 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
             layer.update(keys, values)
         return cache
 
-    def steps_left(rows):
+    def _steps_left(self, rows):
         """The most decode steps the rows can still take: the columns their cache can still gain
         (its room)."""
-        return max(max_new_tokens - len(r.new) for r in rows)
+        return max(self.max_new_tokens - len(r.new) for r in rows)
 
-    def forward(ids, mask, pos, cache):
+    def _forward(self, ids, mask, pos, cache):
         """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P])
         -> the last position's float32 logits [n, V], as hf's; the cache grows to W + P."""
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                         use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].to(copy=True, dtype=torch.float32)
 
-    def prefill(rows, device):
+    def _prefill(self, rows, device):
         """The rows' uncached ids on top of their kept KV (left-padded to Wp), themselves
         left-padded to P; then each row compacted so that its real positions are its last ones.
         Returns (logits [m, V], KV [m, H, W, Dh])."""
@@ -382,35 +385,35 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
         ref = next((r.past for r in rows if r.past), [])
         # a row with nothing kept: [1, H, 0, Dh]
         none = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
-        cache = make_cache(
+        cache = self._make_cache(
             [
                 tuple(_left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
                 for i in range(len(ref))
             ]
         )  # [m, H, Wp, Dh] per layer
-        ids = torch.tensor([[pad] * (p - len(t)) + t for t in tails], device=device)  # [m, P]
+        ids = torch.tensor([[self.pad] * (p - len(t)) + t for t in tails], device=device)  # [m, P]
         mask = torch.tensor([[0] * (wp - r.k) + [1] * r.k + [0] * (p - len(t)) + [1] * len(t)
                              for r, t in zip(rows, tails)], device=device)  # [m, Wp + P]
         # [m, P]  HF's position ids: the mask's cumsum
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]
-        logits = forward(ids, mask, pos, cache)
+        logits = self._forward(ids, mask, pos, cache)
         width = max(len(r.context) for r in rows)
         idx = torch.tensor([[wp - r.k] * (width - len(r.context)) + list(range(wp - r.k, wp))
                             + list(range(wp + p - len(t), wp + p)) for r, t in zip(rows, tails)],
-                            device=device)
+                           device=device)
         for r in rows:
             r.past = None  # the slot holds it now
         layer = cache.layers[0].keys
         idx = idx[:, None, :, None].expand(-1, layer.shape[1], -1, layer.shape[3])  # [m, H, W, Dh]
         return logits, [(x.keys.gather(2, idx), x.values.gather(2, idx)) for x in cache.layers]
 
-    def reuse(rows):
+    def _reuse(self, rows):
         """Give each context the kept KV of the row whose turn it extends (matched in order, as
         rollout keeps its rows, on the context and the first id sampled after it), cut to their
         longest common prefix, so that a tail cut_turn dropped is dropped here too. The rest of
         `kept` is freed."""
-        prev, i = list(kept), 0
-        kept.clear()
+        prev, i = list(self.kept), 0
+        self.kept.clear()
         for r in rows:
             j = next((j for j in range(i, len(prev)) if r.context[:len(prev[j][0])] == prev[j][0]),
                      None)
@@ -422,90 +425,90 @@ def cb_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tok
                 k += 1
             r.past, r.k = [(key[:, :, :k], value[:, :, :k]) for key, value in kv], k
 
-    def generate(contexts: list[list[int]]) -> list[list[int]]:
-        device = next(model.parameters()).device
-        procs = _processors(gen_cfg, logits_processor, device)
+    def _admit(self, run, waiting, cache, seq, logits, device):
+        """Free slots take the next waiting rows: their prefill joins the running rows' cache [n, H,
+        W, Dh] (widened on the left, masked, only if a new row is longer), ids [n, S] and logits
+        [n, V]. Returns (run, cache, seq, logits)."""
+        new = [waiting.popleft() for _ in range(min(self.batch_size - len(run), len(waiting)))]
+        new_logits, kv = self._prefill(new, device)
+        if run:
+            old = [(x.keys, x.values) for x in cache.layers]
+            width = max(old[0][0].shape[2], kv[0][0].shape[2])
+            kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
+                  for (k0, v0), (k1, v1) in zip(old, kv)]
+        cache = self._make_cache(kv, self._steps_left(run + new))  # [n, H, W, Dh] per layer
+        seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device)
+                                                  for r in new],
+                        max(len(r.context) + len(r.new) for r in run + new), 1, self.pad)  # [n, S]
+        logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
+        return run + new, cache, seq, logits
+
+    def _sample(self, procs, seq, logits):
+        """The next id of each running row [n] from hf's processed scores [n, V] (sampled or
+        argmax); returns (seq with it [n, S + 1], ids [n], stops [n] bool by hf's criteria)."""
+        scores = procs(seq, logits)  # [n, V]; NOTE(P35): seq left-padded
+        if self.do_sample:
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [n]
+        else:
+            nxt = torch.argmax(scores, dim=-1)  # [n]
+        seq = torch.cat([seq, nxt[:, None]], dim=1)  # [n, S + 1]
+        return seq, nxt, self.stops(seq, scores)
+
+    def _leave(self, run, keep, cache, seq, device):
+        """Stopped rows leave at once (hf pads them), and the columns only they used go too:
+        returns (run, cache, seq) of the rows at `keep`."""
+        run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
+        if not run:
+            return run, None, None
+        width = max(r.cached() for r in run)
+        cache = self._make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
+                                  for x in cache.layers], self._steps_left(run))
+        return run, cache, seq[index, -(width + 1):]
+
+    def _decode(self, run, cache, seq, device):
+        """One decode step of the running rows: their last id at position = their cached ids
+        (mask [n, W + 1] over the left-padded cache) -> logits [n, V]."""
+        n = torch.tensor([r.cached() for r in run], device=device)  # [n]
+        width = cache.get_seq_length()
+        mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()  # [n, W + 1]
+        return self._forward(seq[:, -1:], mask, n[:, None], cache)
+
+    def __call__(self, contexts: list[list[int]]) -> list[list[int]]:
+        device = next(self.model.parameters()).device
+        procs = _processors(self.gen_cfg, self.logits_processor, device)
         rows = [_Row(j, list(c)) for j, c in enumerate(contexts)]
-        reuse(rows)
-        # NOTE(departure 26): rows holding KV go first, so that no more than batch_size rows hold KV
+        self._reuse(rows)
+        # NOTE(P35): rows holding KV go first, so that no more than batch_size rows hold KV
         waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
-        # running rows; their cache, ids [n, S], [n, V]
+        # running rows; their cache, ids [n, S], logits [n, V]; the KV kept for the next turn
         run, cache, seq, logits, store = [], None, None, None, {}
         with torch.no_grad(), decode_attention(device):
             while run or waiting:
-                if waiting and len(run) < batch_size:  # free slots take the next waiting rows
-                    new = [
-                        waiting.popleft() for _ in range(min(batch_size - len(run), len(waiting)))
-                    ]
-                    new_logits, kv = prefill(new, device)
-                    if run:  # widened on the left (masked) only if a new row is longer
-                        old = [(x.keys, x.values) for x in cache.layers]
-                        width = max(old[0][0].shape[2], kv[0][0].shape[2])
-                        kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
-                              for (k0, v0), (k1, v1) in zip(old, kv)]
-                    cache = make_cache(kv, steps_left(run + new))  # [n, H, W, Dh] per layer
-                    seq = _left_pad(
-                        ([seq] if run else [])
-                        + [torch.tensor([r.context], device=device) for r in new],
-                        # [n, S]
-                        max(len(r.context) + len(r.new) for r in run + new),
-                        1,
-                        pad,
-                    )
-                    logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
-                    run += new
-                scores = procs(seq, logits)  # [n, V]; NOTE(departure 27): seq left-padded
-                if do_sample:
-                    # [n]
-                    nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-                else:
-                    nxt = torch.argmax(scores, dim=-1)  # [n]
-                seq = torch.cat([seq, nxt[:, None]], dim=1)  # [n, S + 1]
+                if waiting and len(run) < self.batch_size:
+                    run, cache, seq, logits = self._admit(run, waiting, cache, seq, logits, device)
+                seq, nxt, stop = self._sample(procs, seq, logits)
                 keep = []
-                for i, (r, t,
-                        stop) in enumerate(zip(run, nxt.tolist(), stops(seq, scores).tolist())):
+                for i, (r, t, s) in enumerate(zip(run, nxt.tolist(), stop.tolist())):
                     r.new.append(t)
-                    if not (stop or len(r.new) == max_new_tokens):
+                    if not (s or len(r.new) == self.max_new_tokens):
                         keep.append(i)
-                    # NOTE(departure 26): no row needs the slot, so its KV is kept
-                    elif not waiting:
+                    elif not waiting:  # NOTE(P35): no row needs the slot, so its KV is kept
                         n = r.cached()
-                        store[r.out] = (
-                            r.context + r.new[:1],
-                            r.context + r.new[:-1],
-                            [
-                                (
-                                    x.keys[i : i + 1, :, -n:].clone(),
-                                    x.values[i : i + 1, :, -n:].clone(),
-                                )
-                                for x in cache.layers
-                            ],
-                        )  # [1, H, n, Dh] per layer
-                # NOTE(departure 25): stopped rows leave at once (hf pads them)
-                if len(keep) < len(run):
-                    run, index = [run[i] for i in keep], torch.tensor(
-                        keep, device=device, dtype=torch.long
-                    )
-                    width = max((r.cached() for r in run), default=0)
-                    cache = make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
-                                        for x in cache.layers], steps_left(run)) if run else None
-                    seq = seq[index, -(width + 1):] if run else None
-                if run:  # one decode step for the rows that go on
-                    n = torch.tensor([r.cached() for r in run], device=device)  # [n]
-                    width = cache.get_seq_length()
-                    # [n, W + 1]
-                    mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()
-                    # position ids: cached ids
-                    logits = forward(seq[:, -1:], mask, n[:, None], cache)
-        kept[:] = [store[r.out] for r in rows if r.out in store]  # in the call's order, for `reuse`
+                        store[r.out] = (r.context + r.new[:1], r.context + r.new[:-1],
+                                        [(x.keys[i:i + 1, :, -n:].clone(),
+                                          x.values[i:i + 1, :, -n:].clone())
+                                         for x in cache.layers])  # [1, H, n, Dh] per layer
+                if len(keep) < len(run):  # NOTE(P35): stopped rows leave at once
+                    run, cache, seq = self._leave(run, keep, cache, seq, device)
+                if run:
+                    logits = self._decode(run, cache, seq, device)
+        # in the call's order, for `_reuse`
+        self.kept[:] = [store[r.out] for r in rows if r.out in store]
         return [r.new for r in rows]
-
-    generate.eos_ids, generate.reset = base.eos_ids, kept.clear
-    return generate
 
 
 # --generator's choices
-GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": cb_generator}
+GENERATORS = {"hf": hf_generator, "hf-kv": kv_generator, "cb": CBGenerator}
 
 
 def decode_attention(device):

@@ -332,7 +332,7 @@ def collate(episodes, pad_id: int) -> dict:
     for e in episodes:
         lp, lr = len(e.prompt_ids), len(e.response_ids)
         ids.append([pad_id] * (P - lp) + e.prompt_ids + e.response_ids + [pad_id] * (T - lr))
-        # NOTE(departure 3): masks by position (lengths), never `ids != pad`, which erases EOS when
+        # NOTE(P9): masks by position (lengths), never `ids != pad`, which erases EOS when
         # pad == eos (P9)
         attn.append([0] * (P - lp) + [1] * (lp + lr) + [0] * (T - lr))
         loss_mask.append(e.loss_mask + [0] * (T - lr))
@@ -374,7 +374,7 @@ def response_logp(model, batch, rows, temperature, vocab_size, with_entropy=Fals
     out = model(input_ids=cut("input_ids"), attention_mask=cut("attention_mask"),
                 position_ids=cut("position_ids"),
                 logits_to_keep=torch.arange(P - 1, P + t - 1), use_cache=False)
-    # [b, t, V] j predicts token j; NOTE(departure 6): tokenizer ids only (P16)
+    # [b, t, V] j predicts token j; NOTE(P16): tokenizer ids only
     logits = out.logits[..., :vocab_size]
     targets = cut("input_ids")[:, P:]  # [b, t]
     # no [b, t, V] fp32 log-softmax held whole

@@ -6,10 +6,10 @@ apart from its trainer too. The API: POST /retrieve {"queries": [str], "topk": i
 {"result": [[{"document": {"id", "contents"}, "score": float}, ...] per query]}, or [[document, ...] per query] with
 return_scores false (`make_server`). Standard library only: a ThreadingHTTPServer, one thread per connection.
 
-Departures from Search-R1's server: those of retriever.py (docs/departures.md, 28-31; 28: return_scores false answers
-the documents, where Search-R1's server crashes). A request that is malformed, stalls or trickles past its deadline
-gets 400 or 408 instead of holding a thread. The search is ready (numba's compile, where
-it is used) before the server says `serving`.
+Departures from Search-R1's server: those of retriever.py (docs/departures.md, P23, P36-P38; P23: return_scores false
+answers the documents, where Search-R1's server crashes). A request that is malformed, stalls or trickles past its
+deadline gets 400 or 408 instead of holding a thread. The search is ready (numba's compile, where it is used) before the
+server says `serving`.
 
     python scripts/retrieval_server.py --corpus data/hotpotqa/corpus.jsonl --port 8000 [--bm25 okapi]
     python train.py --retriever-url http://127.0.0.1:8000/retrieve ...
@@ -126,7 +126,7 @@ def make_server(retriever, host: str = "127.0.0.1", port: int = 8000, default_to
                 hits = retriever.search(queries, topk)
             except Exception as err:  # a server-side failure: answer 500 (the client retries), keep serving
                 return self.reply(500, {"error": f"{type(err).__name__}: {err}"})
-            # NOTE(departure 28): return_scores=false gives the documents; Search-R1's server crashes on it
+            # NOTE(P23): return_scores=false gives the documents; Search-R1's server crashes on it
             docs = [[h["document"] for h in q] for q in hits]
             self.reply(200, {"result": hits if req.get("return_scores") else docs})
 

@@ -631,7 +631,7 @@ def test_lucene_itself_on_toy(tmp_path):
 def test_lucene_itself_on_the_real_corpus(tmp_path, real_lucene):
     """On the 600 real passages (the 7 with music signs included) and the 200 questions: (1) our English analyzer
     gives Lucene 8.7's words for every text but those with the music signs ♭ ♮ ♯, which Lucene 8.7 makes words of
-    (departure 1); (2) fed Lucene's own words, our engine gives Lucene's top-10 bitwise (ids, order, float32 scores);
+    (P37); (2) fed Lucene's own words, our engine gives Lucene's top-10 bitwise (ids, order, float32 scores);
     (3) end to end, with our words, every question's top-3 ids are Lucene's. (docs/retrieval.md gives the same checks
     on the whole 13,823-passage bundle.)"""
     corpus, ours, _ = real_lucene

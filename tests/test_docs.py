@@ -1,7 +1,7 @@
-"""docs/pitfalls.md is the key to the pitfall labels the code cites ("(P9)", "NOTE(departure): ... (P7)"): every label
-the code, the tests or the README cite is defined there, every pitfall a test name carries too, and every test the
-document names exists. Code comments point to the paper or to upstream files, never to notes outside the repository.
-The commands and paths that README.md and docs/ give name files that exist."""
+"""docs/pitfalls.md is the key to the one label system the code cites ("(P9)"; "NOTE(P7): ..." where we depart from
+the official code): every label the code, the tests or the README cite is defined there, every pitfall a test name
+carries too, and every test the document names exists. Code comments point to the paper or to upstream files, never
+to notes outside the repository. The commands and paths that README.md and docs/ give name files that exist."""
 
 import ast
 import re
@@ -87,12 +87,13 @@ STUDENT_COPY = not (ROOT / "tests" / "course").is_dir()
 
 
 def departure_links() -> dict[int, list[tuple[str, int]]]:
-    """{N: [(file, line), ...]}: the numbered entries of docs/departures.md and the code lines each one links."""
+    """{n: [(file, line), ...]}: the entries `- **P<n>.**` of docs/departures.md (a label may key one entry in each of
+    two sections, e.g. P14 for grpo.py and llds.py) and the code lines each one links."""
     entries, n = {}, None
     for line in DEPARTURES.read_text(encoding="utf-8").splitlines():
-        if m := re.match(r"(\d+)\. ", line):
+        if m := re.match(r"- \*\*P(\d+)\.\*\* ", line):
             n = int(m.group(1))
-            entries[n] = []
+            entries.setdefault(n, [])
         elif line.startswith("#"):
             n = None
         if n is not None:
@@ -101,10 +102,12 @@ def departure_links() -> dict[int, list[tuple[str, int]]]:
 
 
 def test_each_departure_links_the_lines_that_carry_its_note():
-    """docs/departures.md numbers each departure once (1, 2, ...) and links the lines where it acts; each linked line
-    carries `NOTE(departure N)`, and each such NOTE in a linked file is linked from entry N."""
+    """docs/departures.md keys each departure by a pitfall label of docs/pitfalls.md (one label system) and links the
+    lines where it acts; each linked line carries `NOTE(P<n>)`, and each such NOTE in a linked file is linked from
+    an entry P<n>."""
     entries = departure_links()
-    assert len(entries) >= 20 and list(entries) == list(range(1, len(entries) + 1)), list(entries)
+    assert len(entries) >= 20, list(entries)
+    assert not {f"P{n}" for n in entries} - defined_labels(), sorted(entries)  # every key is a pitfall label
     assert all(entries.values()), [n for n, links in entries.items() if not links]  # every entry links the code
     if STUDENT_COPY:
         return
@@ -112,10 +115,21 @@ def test_each_departure_links_the_lines_that_carry_its_note():
     notes = set()
     for path in sorted({f for f, _, _ in linked}):
         for k, line in enumerate((ROOT / path).read_text(encoding="utf-8").splitlines(), 1):
-            notes |= {(path, k, int(n)) for n in re.findall(r"NOTE\(departure (\d+)\)", line)}
-    wrong = [f"entry {n} links {f}#L{k}, which has no NOTE(departure {n})" for f, k, n in sorted(linked - notes)]
-    wrong += [f"{f}:{k} has NOTE(departure {n}), not linked from entry {n}" for f, k, n in sorted(notes - linked)]
-    assert not wrong, "docs/departures.md and the code's NOTE(departure N) lines disagree:\n" + "\n".join(wrong)
+            notes |= {(path, k, int(n)) for n in re.findall(r"NOTE\(P(\d+)\)", line)}
+    wrong = [f"entry P{n} links {f}#L{k}, which has no NOTE(P{n})" for f, k, n in sorted(linked - notes)]
+    wrong += [f"{f}:{k} has NOTE(P{n}), not linked from an entry P{n}" for f, k, n in sorted(notes - linked)]
+    assert not wrong, "docs/departures.md and the code's NOTE(P<n>) lines disagree:\n" + "\n".join(wrong)
+
+
+def test_code_marks_lines_with_one_label_system():
+    """Every marked line cites a pitfall label `P<n>` (docs/pitfalls.md), a departure included (`NOTE(P<n>)`); the
+    retired second system (`NOTE(departure N)`, "departure 13") appears nowhere in the code, tests or docs."""
+    pattern = re.compile(r"NOTE\(departure|\b[Dd]epartures? \d")
+    docs = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md")]
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in [*python_files(), *docs]
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)
+            and p != Path(__file__).resolve()]
+    assert not hits, "\n".join(hits)
 
 
 UPSTREAM = ("scripts/data_process/",)  # Search-R1's own paths, quoted as the upstream code's (docs/pitfalls.md)

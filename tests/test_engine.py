@@ -1,5 +1,5 @@
 """Tests for engine.py. hf_generator (--generator hf): the ids that end a turn, ids beyond the tokenizer never
-sampled (P16), the checkpoint's generation_config ignored (P17). kv_generator (--generator hf-kv) and cb_generator
+sampled (P16), the checkpoint's generation_config ignored (P17). kv_generator (--generator hf-kv) and CBGenerator
 (--generator cb, the default) against it: the same Episodes under greedy decoding (tests' tiny model: every turn is an
 invalid action, so 4 turns with the invalid-action message appended; an EOS bias and forced tags make rows stop at
 different steps, on EOS, on a stop string or at max_new_tokens, so dropped tails and padding leave holes in hf-kv's
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "lab")]
 
 import evaluate  # noqa: E402
-from machinery.engine import GENERATORS, _processors, cb_generator, hf_generator, kv_generator  # noqa: E402
+from machinery.engine import GENERATORS, _processors, CBGenerator, hf_generator, kv_generator  # noqa: E402
 from rollout import STOP_STRINGS, make_prompt, rollout  # noqa: E402
 from conftest import Q1, Q2, FakeRetriever, enc  # noqa: E402
 from conftest import scripted_rollout as run  # noqa: E402
@@ -139,7 +139,7 @@ def test_cb_greedy_searches_are_hfs_with_refilled_slots(world):
     assert sum(e.num_searches for e in eps["hf"]) >= 6 and len({e.num_turns for e in eps["hf"]}) > 1
 
 
-@pytest.mark.parametrize("engine", [kv_generator, cb_generator])
+@pytest.mark.parametrize("engine", [kv_generator, CBGenerator])
 def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
     model, tok = tiny
     generate = engine(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False)
@@ -169,7 +169,7 @@ def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
     forward = model.forward
     model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
-        cb = cb_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False, batch_size=3,
+        cb = CBGenerator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False, batch_size=3,
                           logits_processor=[recorder("cb")])
         first = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?")]
         new = cb(first)
@@ -203,7 +203,7 @@ def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
         return scores
 
     torch.manual_seed(0)
-    cb = cb_generator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, temperature=0.7, top_p=0.5,
+    cb = CBGenerator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, temperature=0.7, top_p=0.5,
                       batch_size=3, logits_processor=[record])
     contexts = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi")] * 2
     new = cb(contexts)
@@ -258,7 +258,7 @@ def test_bad_generator_is_one_line(capsys):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# hf_generator: one GenerationConfig keeps departures 6-8 (the tests' scripted policy: test_rollout.py)
+# hf_generator: one GenerationConfig keeps P16, P17 and P30 (the tests' scripted policy: test_rollout.py)
 
 
 def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
@@ -274,7 +274,7 @@ def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
 # P16: ids the tokenizer does not have are never sampled
 
 
-@pytest.mark.parametrize("engine", [hf_generator, cb_generator])
+@pytest.mark.parametrize("engine", [hf_generator, CBGenerator])
 def test_p16_no_out_of_tokenizer_ids(tok, model, engine):
     n_tok = len(tok)
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -114,8 +114,8 @@ def test_advantages_all_equal_group_is_exactly_zero():
     rewards, ids = [0.3] * 3 + [1.0] * 3 + [0.9] * 3 + [0.7] * 7, ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 7
     adv = grpo.group_advantages(torch.tensor(rewards), ids)
     assert adv.shape == (16,), f"one advantage per trajectory: got shape {tuple(adv.shape)} for 16"
-    assert bool((adv == 0).all()), (  # exact: departure 13 sets these to 0, not to something near it
-        f"a group whose rewards are all equal carries no signal: A must be exactly 0 (departure 13: the float mean "
+    assert bool((adv == 0).all()), (  # exact: P13 sets these to 0, not to something near it
+        f"a group whose rewards are all equal carries no signal: A must be exactly 0 (P13: the float mean "
         f"leaves a residue that 1e-6 blows up); got {fmt(adv)}")
 
 
@@ -494,7 +494,7 @@ def test_llds_on_policy_is_exactly_zero_with_zero_gradient():
         g = grad(loss, logp)
         assert close(loss, 0.0, atol=1e-12, rtol=0) and bool((g == 0).all()), (
             f"on-policy (Delta = 0) the {gate} gate's loss and gradient are exactly 0: max(0, Delta) is torch.relu "
-            f"(gradient 0 at 0; clamp(min=0) passes a gradient there, departure 18); got grad {fmt(g)}")
+            f"(gradient 0 at 0; clamp(min=0) passes a gradient there, P32); got grad {fmt(g)}")
 
 
 @ex("llds")

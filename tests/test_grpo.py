@@ -61,7 +61,7 @@ def test_p13_group_of_one_uses_mean0_std1():
 def test_p13_all_equal_group_is_exactly_zero(rewards):
     # non-binary equal rewards: the float32 mean need not equal the value. mean([0.9] * 3) - 0.9 = 5.96e-8 and the
     # unbiased std is 7.3e-8, so (r - mean) / (std + 1e-6) = 0.0555 without the guard (measured, torch 2.13 CPU);
-    # [0.1] * 7 gives -0.0074. The advantage must be *exactly* 0 (departure 13 in docs/departures.md).
+    # [0.1] * 7 gives -0.0074. The advantage must be *exactly* 0 (P13 in docs/pitfalls.md).
     adv = group_advantages(torch.tensor(rewards + [1.0, 0.0]), ["q"] * len(rewards) + ["o", "o"])
     assert (adv[: len(rewards)] == 0).all(), adv
 
@@ -321,7 +321,7 @@ def test_gspo_matches_the_code_including_its_clamp_at_10():
     log_ratio[3] = 12.0  # row 3: mean log-ratio 12 > 10 -> s = e^10 and no gradient for the whole row
     logp = (old + log_ratio).requires_grad_()
     mask = (torch.rand(5, 6, generator=g) > 0.25).float()
-    mask[:, 0] = 1.0  # every row has a loss token (the code leaves empty rows out of the count; see departure 12)
+    mask[:, 0] = 1.0  # every row has a loss token (the code leaves empty rows out of the count; see P14)
     adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.7])[:, None].expand(5, 6)
     loss, m = grpo_loss(logp, old, None, adv, mask, kl_coef=0.0, policy_loss="gspo")
     want, clipfrac, ppo_kl = _code_gspo_loss(old, logp, adv, mask, 0.2)

@@ -42,7 +42,7 @@ def _grad(loss, x):
 def test_on_policy_loss_and_gradient_exactly_zero(gate, norm):
     # logp == old_logp -> Delta == 0 everywhere: max(0, Delta) = 0 and no token has Delta > 0, so the loss *and* its
     # gradient are exactly 0 (mini-batch #1 of every rollout is on-policy). The token variant has no gate, so this also
-    # pins the gradient of max(0, Delta) at Delta = 0 to 0 (departure 18: only tokens with Delta > 0 are pulled up).
+    # pins the gradient of max(0, Delta) at Delta = 0 to 0 (P32: only tokens with Delta > 0 are pulled up).
     g = torch.Generator().manual_seed(1)
     old = -torch.rand(3, 6, generator=g)
     logp = old.clone().requires_grad_()
@@ -407,7 +407,7 @@ def test_bf16_log_probs_give_the_fp32_result(gate):
 
 
 def test_gradient_at_zero_delta_is_zero_where_the_official_maximum_gives_half():
-    # Departure 3. One A >= 0 response, 4 tokens, on-policy: Delta == 0 exactly on every token, token variant (no gate).
+    # P32. One A >= 0 response, 4 tokens, on-policy: Delta == 0 exactly on every token, token variant (no gate).
     # ours (relu): gradient 0. The code's torch.maximum(zeros, Delta) (dp_actor.py:374) splits the tie: d/dlogp =
     # -1/2 per token, / 4 tokens = -0.125; clamp(min=0) passes all of it: -0.25.
     logp = torch.full((1, 4), -1.0, requires_grad=True)
@@ -492,7 +492,7 @@ def test_ma_beta_fixed_and_code_schedules_with_mask_weight(schedule, v, lam, w, 
 def test_ma_weight_times_lambda_is_the_official_coefficient_map(schedule, v, lam, w):
     # dp_actor.py:359-371, 395-396 written out: answer-span tokens get min(mask_weight, lambda), the others lambda,
     # with mask_weight = w * max(V - 1, 0) (MASK_ADAPTIVE=true) or w; loss = masked_mean(valid * coeff). Ours, lambda *
-    # llds_loss(weight = 1 + (beta - 1) * answer_mask), must be the same number (departure 16), gate and all.
+    # llds_loss(weight = 1 + (beta - 1) * answer_mask), must be the same number (P28), gate and all.
     g = torch.Generator().manual_seed(13)
     delta = 0.3 * torch.randn(3, 10, generator=g)
     mask = torch.ones(3, 10)

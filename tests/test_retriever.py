@@ -147,7 +147,7 @@ def test_variants_and_their_errors(variant):
 
 def test_okapi_on_a_corpus_where_it_can_find_nothing_says_so(capsys):
     """rank-bm25's idf is <= 0 for a word in half the passages or more, so okapi on a one-passage corpus never found
-    anything, without a word. It still finds nothing (rank-bm25's scores, departure 2), and says why once."""
+    anything, without a word. It still finds nothing (rank-bm25's scores, P36), and says why once."""
     one = [{"id": "0", "contents": "Paris is the capital of France."}]
     for engine in ("rank_bm25", "sparse"):
         assert BM25Retriever(one, bm25="okapi", engine=engine).search(["Paris"], 3) == [[]]

@@ -690,7 +690,7 @@ def test_p1_extract_answer_counts(tok):
     assert extract_answer("<answer> Paris </answer> then <answer>\nLyon\n</answer>") == "Lyon"  # last wins
     assert extract_answer("<answer></answer>") == ""
     assert extract_answer("<answer> unclosed") is None
-    # Departure 5: the same texts under Search-R1's rule, applied to the response only, lose the single answer.
+    # P1: the same texts under Search-R1's rule, applied to the response only, lose the single answer.
     assert searchr1_extract("<think>x</think>\n<answer> Paris </answer>") is None
     assert searchr1_extract("<answer> Paris </answer> then <answer> Lyon </answer>") == "Lyon"
 

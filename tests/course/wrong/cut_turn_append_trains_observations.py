@@ -13,5 +13,5 @@ def append(self, ids: list[int], trained: bool, answer_mask: list[int] | None = 
         kind = "action" if trained else "observation"
         raise ValueError(f"answer_mask {answer_mask} does not fit {len(ids)} {kind} ids")
     self.response_ids += ids
-    self.loss_mask += [1] * len(ids)  # NOTE(departure 2): built while concatenating, no regex (P6)
+    self.loss_mask += [1] * len(ids)  # NOTE(P6): built while concatenating, no regex
     self.answer_mask += answer_mask

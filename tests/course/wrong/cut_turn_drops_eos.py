@@ -9,7 +9,7 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
     """
     ended_on_eos = False
     for k, t in enumerate(new_ids):
-        if t in eos_ids:  # NOTE(departure 3): EOS kept; Search-R1 decodes with skip_special_tokens and drops it (P9)
+        if t in eos_ids:  # NOTE(P9): EOS kept; Search-R1 decodes with skip_special_tokens and drops it
             new_ids, ended_on_eos = new_ids[:k], True
             break
 
@@ -17,6 +17,6 @@ def cut_turn(new_ids: list[int], tokenizer, eos_ids: set) -> tuple[list[int], bo
         return any(s in text for s in STOP_STRINGS)
 
     if new_ids and has_stop(tokenizer.decode(new_ids)):
-        # NOTE(departure 1): cut by token index, never decode + re-encode as Search-R1 does (P7)
+        # NOTE(P7): cut by token index, never decode + re-encode as Search-R1 does
         new_ids, ended_on_eos = new_ids[: _first_prefix(new_ids, tokenizer, has_stop)], False
     return new_ids, ended_on_eos
