@@ -8,8 +8,8 @@ d as (w in q: its words, repeats count)
 and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores (g,
 idf: bm25.py). `RemoteRetriever` asks a server that speaks Search-R1's /retrieve API instead: ours
 (scripts/retrieval_server.py), or Search-R1's own e5/faiss or pyserini server for paper-scale
-corpora (wiki-18, 21M passages; the paper retrieves with E5). Both give rollout.rollout its
-`search(queries, topk) -> hits per query`; `make_retriever` picks one.
+corpora (wiki-18, 21M passages; the paper retrieves with E5; the client: machinery/remote.py). Both
+give rollout.rollout its `search(queries, topk) -> hits per query`; `make_retriever` picks one.
 
 Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its API: POST /retrieve
 {"queries": [str], "topk": int, "return_scores": bool} -> {"result": [[{"document": corpus row,
@@ -25,23 +25,11 @@ aligned, only scores > 0, ties by passage order): docs/departures.md, P23, P36-P
 """
 
 import argparse
-import hashlib
-import http.client
-import importlib.metadata
-import importlib.util
-import json
 import os
-import pickle
 import sys
 import time
-import unicodedata
-import urllib.error
-import urllib.parse
-import urllib.request
-import zipfile
 from pathlib import Path
 
-import numpy as np
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
@@ -49,11 +37,13 @@ from machinery.bm25 import (
     ANALYZERS,
     BM25_VARIANTS,
     DEFAULT_ANALYZER,
-    INDEX_VERSION,
     SparseBM25,
     top_k,
 )
 from machinery.data import DEMO_CORPUS, load_corpus
+from machinery.index_cache import index_cache_file, load_index, save_index
+from machinery.remote import (  # noqa: F401 (BadAnswer, check_hits: public here too)
+    CLIENT_TIMEOUT, BadAnswer, RemoteRetriever, check_hits, check_request)
 
 # engine="auto" picks the sparse engine above this many passages (rank-bm25: ~0.1 s/query at 1e4)
 SPARSE_ABOVE = 20_000
@@ -61,8 +51,6 @@ SPARSE_ABOVE = 20_000
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llds-grpo" / "bm25"
 # from_jsonl caches the sparse index of a corpus above this many passages (a smaller one: < 1 s)
 CACHE_ABOVE = 1_000
-# RemoteRetriever: seconds a server may stay silent before a try counts as failed
-CLIENT_TIMEOUT = 30.0
 
 # --------------------------------------------------------------------------------------------------
 # Search in this process: BM25 over a corpus held in memory
@@ -218,230 +206,6 @@ class BM25Retriever:
     def __str__(self):
         return (f"{len(self.corpus)} passages (BM25 {self.variant}, {self.analyzer} analyzer, "
                 f"{self.engine} engine)")
-
-
-def index_cache_file(corpus_path, k1: float, b: float, cache_dir, bm25: str, analyzer: str) -> Path:
-    """<cache_dir>/bm25-<corpus name>-<path hash>-<bm25>-<analyzer>-<key hash>.npz. The key covers
-    the corpus file's absolute path, size and modification time (as make and rsync judge a file
-    changed), the BM25 variant and parameters, and the analyzer with what decides its words
-    (Python's Unicode tables; for "english" also the regex and nltk versions): editing or replacing
-    the corpus, or changing any of those, misses the cache. Each variant and analyzer has its own
-    file name, so indexes of one corpus under different scorings live side by side."""
-    path = Path(corpus_path).resolve()
-    st = path.stat()
-    key = json.dumps(
-        [
-            st.st_size,
-            st.st_mtime_ns,
-            k1,
-            b,
-            bm25,
-            analyzer,
-            analyzer_version(analyzer),
-            INDEX_VERSION,
-        ]
-    )
-
-    def digest(text: str) -> str:
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    return (
-        Path(cache_dir)
-        / f"bm25-{path.stem}-{digest(str(path))}-{bm25}-{analyzer}-{digest(key)}.npz"
-    )
-
-
-def analyzer_version(analyzer: str) -> list[str]:
-    """What, besides our code, decides an analyzer's words: the Unicode tables of Python (str.lower,
-    \\w) and, for "english", of the regex module (word boundaries) and nltk (the stemmer)."""
-    versions = [unicodedata.unidata_version]
-    if analyzer == "english":
-        stemmer = importlib.util.find_spec("Stemmer") and importlib.metadata.version("PyStemmer")
-        versions += [importlib.metadata.version("regex"), importlib.metadata.version("nltk"),
-                     f"PyStemmer {stemmer}"]
-    return versions
-
-
-def save_index(index: SparseBM25, path: Path):
-    """Write a sparse index as one .npz, atomically (temp file in the same folder, then rename).
-    Raises OSError (a read-only or full disk, a file where the folder should be) after removing the
-    temp file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # no word holds a newline
-    words = np.frombuffer("\n".join(index.vocab).encode("utf-8"), dtype=np.uint8)
-    idf = np.zeros(0, np.float32) if index.idf is None else index.idf
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, vocab=words, indptr=index.indptr, docs=index.docs, values=index.values,
-                     num_docs=index.num_docs, variant=np.array(index.variant), idf=idf)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # no half-written index left to fill the disk
-        raise
-
-
-def load_index(path: Path) -> SparseBM25:
-    """Read an index written by `save_index`. Raises OSError if the file cannot be opened, and
-    ValueError "<path>: damaged index file (...)" for anything else np.load and the checks below can
-    hit on a truncated, garbage or foreign file (a zip's CRC catches flipped bits too), so that
-    callers can rebuild on one exception type."""
-    try:
-        # allow_pickle=False: a garbage file is a ValueError, never unpickled
-        with np.load(path) as z:
-            words = z["vocab"].tobytes().decode("utf-8").split("\n")
-            variant = str(z["variant"])
-            index = SparseBM25({w: t for t, w in enumerate(words)}, z["indptr"], z["docs"],
-                               z["values"],
-                               int(z["num_docs"]), variant,
-                               z["idf"] if variant == "lucene" else None)
-    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, TypeError, IndexError,
-            pickle.UnpicklingError) as e:
-        raise ValueError(f"{path}: damaged index file ({type(e).__name__}: {e})") from None
-    if (
-        len(index.indptr) != len(words) + 1
-        or not index.indptr[-1] == len(index.docs) == len(index.values)
-        or variant not in BM25_VARIANTS
-        or (variant == "lucene" and len(index.idf) != len(words))
-    ):
-        raise ValueError(f"{path}: damaged index file (inconsistent index arrays)")
-    return index
-
-
-class BadAnswer(ValueError, OSError):
-    """A /retrieve server's answer that is none: a rejected request (4xx) or a body of another
-    shape. A ValueError by meaning, and an OSError too, so that train.py and evaluate.py stop on it
-    with one line at any step, as on a server that stopped answering
-    (checkpoint.io_errors_stop_the_run, evaluate.py's loop)."""
-
-
-def check_hits(result: list, url: str):
-    """Raise BadAnswer (one line, showing the first bad item) unless `result` holds, per query, a
-    list of hits {"document": {"contents": str, ...}, ...}: what rollout.format_passages and
-    data.passage_title read."""
-    for hits in result:
-        bad = hits if not isinstance(hits, list) else next(
-            (h for h in hits if not (isinstance(h, dict) and isinstance(h.get("document"), dict)
-                                     and isinstance(h["document"].get("contents"), str))), None)
-        if bad is not None:
-            shown = json.dumps(bad, ensure_ascii=False)
-            raise BadAnswer(f"retriever at {url} answered hits of another shape: "
-                            f"{shown if len(shown) <= 120 else shown[:117] + '...'}; a /retrieve "
-                            f"server answers, per "
-                            'query, a list of {"document": {"id", "contents"}, "score"} '
-                            '(Search-R1\'s, with '
-                            '"return_scores": true)')
-
-
-def check_request(queries, topk):
-    """The argument checks shared by the local and the remote retriever."""
-    if isinstance(queries, str):
-        raise TypeError("queries must be a list of strings, got one str; pass [query]")
-    if topk < 1:
-        raise ValueError(f"topk must be >= 1, got {topk}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Search-R1's HTTP API, the client (train.py / evaluate.py --retriever-url; the server:
-# scripts/retrieval_server.py)
-
-
-class RemoteRetriever:
-    """The retriever interface (search) over HTTP, against any Search-R1 /retrieve server: ours
-    (scripts/retrieval_server.py), or Search-R1's own retrieval_server.py (e5 + faiss, or pyserini
-    BM25) for paper-scale corpora."""
-
-    def __init__(self, url: str, timeout: float = CLIENT_TIMEOUT, retries: int = 2,
-                 backoff: float = 1.0):
-        """url: e.g. http://127.0.0.1:8000/retrieve (a bare http://host:port gets /retrieve).
-        timeout: seconds the server may stay silent (connecting, or before its answer) before a try
-        fails (train.py / evaluate.py --retriever-timeout). retries: further tries after a failed
-        connection, a timeout or a 5xx answer, waiting backoff * 2^i seconds; a server that never
-        answers costs (retries + 1) * timeout + backoff * (2^retries - 1) seconds (defaults: 93 s)
-        before the ConnectionError. Raises ValueError if timeout <= 0, retries < 0 or backoff <
-        0."""
-        if not timeout > 0:
-            raise ValueError(f"retriever timeout must be > 0 seconds (--retriever-timeout), got "
-                             f"{timeout}")
-        if retries < 0 or backoff < 0:
-            raise ValueError(f"retries and backoff must be >= 0, got {retries} and {backoff}")
-        self.url = (
-            url
-            if urllib.parse.urlsplit(url).path not in ("", "/")
-            else url.rstrip("/") + "/retrieve"
-        )
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
-
-    def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
-        """As BM25Retriever.search, answered by the server (POST {"queries", "topk",
-        "return_scores": true}).
-
-        Each failed try that is retried prints one warning line to stderr ("retriever at URL: no
-        answer in 30 s (try 1 of 3); retrying in 1 s"). Raises ConnectionError (one line: what
-        failed, after how long, how to start a server, which flag sets the timeout) when every try
-        failed, ValueError when the server rejects the request (4xx) or answers with something that
-        is not a /retrieve response (BadAnswer, also an OSError: it stops a run with one line at any
-        step)."""
-        check_request(queries, topk)
-        if not queries:
-            return []
-        body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
-        request = urllib.request.Request(self.url, data=body,
-                                         headers={"Content-Type": "application/json"})
-        tries, t0 = self.retries + 1, time.monotonic()
-        for attempt in range(tries):
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    answer = json.load(response)
-                break
-            # the server answered: a 4xx is our fault, never worth retrying
-            except urllib.error.HTTPError as err:
-                if err.code < 500:
-                    raise BadAnswer(f"retriever at {self.url} rejected the request: {err.code} "
-                                    f"{err.read()[:300]!r}")
-                why = f"HTTP {err.code} {err.reason}"
-            # refused, reset,
-            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:
-                # timed out, cut short (IncompleteRead), garbled (JSONDecodeError)
-                why = self._describe(err)
-            if attempt + 1 == tries:
-                port = urllib.parse.urlsplit(self.url).port or 80
-                raise ConnectionError(
-                    f"retriever at {self.url} failed after {tries} tries in "
-                    f"{time.monotonic() - t0:.1f} s (last: "
-                    f"{why}). Is the server up? Start one with: python scripts/retrieval_server.py "
-                    f"--corpus CORPUS "
-                    f"--port {port}; a slow server needs more than {self.timeout:g} s per request: "
-                    "--retriever-timeout SECONDS"
-                ) from None
-            wait = self.backoff * 2**attempt
-            print(f"warning: retriever at {self.url}: {why} (try {attempt + 1} of {tries}); "
-                  f"retrying in {wait:g} s",
-                  file=sys.stderr, flush=True)
-            time.sleep(wait)
-        result = answer.get("result") if isinstance(answer, dict) else None
-        if not isinstance(result, list) or len(result) != len(queries):
-            raise BadAnswer(f"retriever at {self.url} answered no 'result' list of {len(queries)} "
-                            f"hit lists")
-        check_hits(result, self.url)
-        return result
-
-    def _describe(self, err: Exception) -> str:
-        """A failed try in a few words: "no answer in 30 s", "connection refused", ..."""
-        # URLError wraps connect() errors
-        reason = err.reason if isinstance(err, urllib.error.URLError) else err
-        if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
-            return f"no answer in {self.timeout:g} s"
-        if isinstance(reason, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(reason, ConnectionResetError):  # http.client.RemoteDisconnected included
-            return "connection reset"
-        if isinstance(reason, ValueError):
-            return f"unreadable answer ({type(reason).__name__}: {reason})"
-        return reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
-
-    def __str__(self):
-        return f"retriever at {self.url}"
 
 
 def make_retriever(corpus, url: str = "", engine: str = "auto", cache_dir=CACHE_DIR,

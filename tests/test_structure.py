@@ -26,14 +26,18 @@ GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywher
         "checkpoint", "data", "engine", "fsdp", "memory", "policy", "run", "tracking"))},
     "probe": {"grpo", "llds", "retriever", "rollout", *(M + m for m in (
         "checkpoint", "data", "engine", "fsdp", "policy"))},
-    "evaluate": {"retriever", "rollout", *(M + m for m in ("checkpoint", "data", "engine", "paper", "policy"))},
-    "retriever": {"rollout", M + "bm25", M + "data"},  # rollout: the CLI shows hits as the model sees them
+    "evaluate": {"retriever", "rollout", *(M + m for m in (
+        "checkpoint", "data", "engine", "eval_files", "paper", "policy"))},
+    M + "eval_files": {M + "checkpoint"},
+    # rollout: the CLI shows hits as the model sees them
+    "retriever": {"rollout", *(M + m for m in ("bm25", "data", "index_cache", "remote"))},
+    M + "index_cache": {M + "bm25"},
     "rollout": {M + "data"},  # the demo's 5 passages
     "grpo": set(), "llds": set(),
     M + "policy": {M + "checkpoint"},
     M + "bm25": set(),  # and its compiled search, machinery/bm25_numba/topk.py
     M + "run": {M + "checkpoint", M + "fsdp"},
-    **{M + m: set() for m in ("checkpoint", "data", "engine", "fsdp", "memory", "paper", "tracking")},
+    **{M + m: set() for m in ("checkpoint", "data", "engine", "fsdp", "memory", "paper", "remote", "tracking")},
 }
 # The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
 # puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).
