@@ -40,7 +40,7 @@ from retriever import BM25_VARIANTS, make_retriever
 from rollout import STOP_STRINGS, check_obs_budget, em_check, f1_score, normalize_answer, rollout
 from machinery.checkpoint import atomic_write
 from machinery.data import load_questions, passage_title
-from machinery.engine import GENERATORS
+from machinery.engine import DECODE_LAYOUTS, GENERATORS, decode_option
 from machinery.eval_files import default_out, output_problem, writing_to
 from machinery.paper import PAPER, paper_row, recipe_row
 from machinery.policy import busy_cpu_note, load_policy
@@ -242,9 +242,9 @@ def evaluate_rows(rows, args, model, tokenizer, retriever, records: list, record
     `records` and written to `records_out` (a .jsonl file, flushed per batch) as soon as it is
     scored."""
     generate = GENERATORS[args.generator](model, tokenizer, stop_strings=STOP_STRINGS,
-                                          do_sample=False,
-                                          max_new_tokens=args.max_new_tokens,
-                                          batch_size=args.batch_size)
+                                          do_sample=False, max_new_tokens=args.max_new_tokens,
+                                          batch_size=args.batch_size,
+                                          **decode_option(args.generator, args.decode))
     for i in range(0, len(rows), args.batch_size):
         batch = rows[i:i + args.batch_size]
         with torch.no_grad():  # greedy, one trajectory per question: episodes[j] answers batch[j]
@@ -348,6 +348,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "generate, re-prefill every "
                     "turn) | hf-kv (HF generate, KV kept across turns); machinery/engine.py; "
                     "greedy ids are the same")
+    ap.add_argument("--decode", default="auto", choices=DECODE_LAYOUTS,
+                    help="cb's KV layout: graph on CUDA (static, each step a CUDA graph), dynamic "
+                    "elsewhere; the same ids (machinery/kv_layout.py)")
     ap.add_argument("--dtype", default="auto", help="float32 | bfloat16 | auto")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto")
     ap.add_argument("--out",
@@ -367,6 +370,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--retriever-timeout must be > 0 seconds, got {args.retriever_timeout}")
     if args.dtype not in ("auto", "float32", "bfloat16"):
         ap.error(f"--dtype must be auto, float32 or bfloat16, got {args.dtype!r}")
+    if args.decode != "auto" and args.generator != "cb":
+        ap.error(f"--decode {args.decode} is the cb engine's; --generator {args.generator} "
+                 "has none")
+    if args.decode == "graph" and (args.device == "cpu" or not torch.cuda.is_available()):
+        ap.error("--decode graph needs a CUDA device (--decode static is the same layout, eager)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device; use --device cpu")
     return args

@@ -41,7 +41,7 @@ from rollout import rollout, rollout_metrics
 from machinery import checkpoint
 from machinery.checkpoint import restore, save_checkpoint
 from machinery.data import load_questions, missing_input, next_prompts
-from machinery.engine import GENERATORS, diverged_sampling
+from machinery.engine import DECODE_LAYOUTS, GENERATORS, decode_option, diverged_sampling
 from machinery.fsdp import all_reduce, full_weights, gather_rows, print0, setup_dist, shard
 from machinery.memory import free_memory, memory_plan
 from machinery.policy import (autocast, batch_logp, busy_cpu_note, collate, enable_grad_ckpt,
@@ -88,6 +88,9 @@ class Args:
     gen_batch_size: str = "auto"
     # decoding: cb (continuous batching, KV kept across turns) | hf | hf-kv (machinery/engine.py)
     generator: str = "cb"
+    # cb's KV layout: auto (graph on CUDA, dynamic elsewhere) | dynamic | static | graph (static,
+    # each step a CUDA graph); the same ids (machinery/kv_layout.py)
+    decode: str = "auto"
     # --- GRPO loss
     policy_loss: str = "ppo-clip"  # ppo-clip (token ratio) | gspo (sequence ratio; USE_GSPO)
     clip_eps: float = 0.2  # PPO ratio clip epsilon
@@ -173,7 +176,8 @@ def main(args: Args, rerun: str = ""):
     amp = autocast(args.amp, device, args.dtype, args.fsdp)
     generate = GENERATORS[args.generator](  # sampling
         model, tokenizer, stop_strings=STOP_STRINGS, batch_size=args.gen_batch_size,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        **decode_option(args.generator, args.decode))
     # Ctrl-C / SIGTERM: finish the step, save, stop; a full disk, a dead server: one line
     with (checkpoint.stop_requests(print0, dist.is_initialized()) as stop,
           checkpoint.io_errors_stop_the_run(out_dir, rerun), tracker(args, rank) as report):
@@ -428,13 +432,15 @@ def load_run(args: Args, rank: int, world: int, device: str) -> Run:
             model, least_free, args.gen_batch_size, bf16=bf16, ref=kept, world=world,
             rows=rank_rows, prompt_tokens=prompt_tokens,
             update=(args.micro_batch_size, args.grad_ckpt),
-            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens))
+            turns=(args.max_turns, args.max_new_tokens, args.max_obs_tokens),
+            throughput_rows=args.mini_batch_size // world if "cuda" in device else 0)
         # probe responses a rank
         rows_each = min(args.probe_questions, len(rows)) // world * args.group_size
         sample = GENERATORS[args.generator](
             model, tokenizer, stop_strings=STOP_STRINGS, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p,
-            batch_size=max(1, min(int(args.gen_batch_size), rows_each)))
+            batch_size=max(1, min(int(args.gen_batch_size), rows_each)),
+            **decode_option(args.generator, args.decode))
         amp0 = autocast("bf16" if args.fsdp and "cuda" in device else args.amp, device, args.dtype)
         probe = FixedProbe.start_run(  # step 0's pass before sharding: amp0 (FSDP's bf16 on a GPU)
             model, tokenizer, rows, sample, retriever.search,
@@ -501,6 +507,7 @@ CHOICES = {
     "amp": ("auto", "bf16", "off"),
     "dtype": ("auto", "float32", "bfloat16"),
     "generator": tuple(GENERATORS),
+    "decode": DECODE_LAYOUTS,
     "report_to": ("off", *TRACKERS),
 }
 
@@ -523,6 +530,10 @@ def parse_args(argv=None) -> Args:
               f"(its Delta is 0 at an on-policy update); give --mini-batch-size < {per_step} "
               "(the trajectories a step) for several updates a step (the paper: 10)",
               file=sys.stderr)
+    if args.decode != "auto" and args.generator != "cb":
+        error(f"--decode {args.decode} is the cb engine's; --generator {args.generator} has none")
+    if args.decode == "graph" and (args.device == "cpu" or not torch.cuda.is_available()):
+        error("--decode graph needs a CUDA device (--decode static is the same layout, eager)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         error(f"--device {args.device}: this torch sees no CUDA device "
               "(torch.cuda.is_available() is False); "

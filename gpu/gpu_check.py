@@ -26,8 +26,9 @@ rewritten after each part, so a run cut short keeps what it measured.
    500 retrieved tokens, group 5, --micro-batch-size and --gen-batch-size from the plan) for one step on 3B with
    MAIN_PROMPTS prompts, if MAIN_MIN_S of the budget is left, and that step's time extrapolated to 512 prompts
    (the arithmetic is printed).
-6. The decode step: one new token for 20, 178 and 320 rows over a 1,536-token KV cache, per model, eager under bf16
-   autocast, its ms beside the memory-bandwidth floor (the bf16 weights and the KV cache read once; BANDWIDTH).
+6. The decode step: one new token for 20, 178 and 320 rows over a 1,536-token KV cache, per model, under bf16
+   autocast: eager on a DynamicCache, on the cb engine's static layout, and that captured as a CUDA graph; its ms
+   beside the memory-bandwidth floor (the bf16 weights and the KV cache read once; BANDWIDTH).
 The whole check stops starting parts after BUDGET_S.
 
     python gpu/gpu_check.py                          # on a GPU machine; writes runs/gpu_check.json
@@ -88,16 +89,21 @@ BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}
 
 
 def decode_child(model: str, out: str, rows: str, context: int, reps: int = 10):
-    """In the subprocess: one decode step (one new token for each of R rows over a KV cache of `context` tokens, the
-    model's forward as the cb engine makes it), eager, under bf16 autocast on a GPU (fp32 on a CPU), the median of
-    `reps` wall times after a warm-up, GPU synchronised. Beside it the step's memory floor on a GPU: the bf16 weights
-    (2 bytes a parameter) and the rows' KV cache read once at the datasheet's bandwidth (BANDWIDTH). Writes OUT (JSON)
-    with a row per R: step ms, floor ms, step / floor. The CUDA-graph path is not built yet: its column waits."""
+    """In the subprocess: one decode step (one new token for each of R rows over a KV cache of `context` tokens), the
+    median of `reps` wall times after a warm-up, GPU synchronised, under bf16 autocast on a GPU (fp32 on a CPU), three
+    ways: `eager`, the model's forward on a DynamicCache (the dynamic layout's step); `static`, the cb engine's
+    StaticLayout step (fixed slots, a length mask), eager; `graph`, the same captured as a CUDA graph and replayed
+    (CUDA only: None on a CPU; a failed capture is reported). Beside them the step's memory floor on a GPU: the bf16
+    weights (2 bytes a parameter) and the rows' KV cache read once at the datasheet's bandwidth (BANDWIDTH). Writes
+    OUT (JSON) with a row per R: ms of each, floor ms, eager / floor."""
     import statistics
+    from types import SimpleNamespace
 
     import torch
     from transformers import DynamicCache
 
+    from machinery.engine import decode_attention
+    from machinery.kv_layout import StaticLayout
     from machinery.memory import kv_bytes_per_token
     from machinery.policy import autocast, load_policy
 
@@ -107,26 +113,42 @@ def decode_child(model: str, out: str, rows: str, context: int, reps: int = 10):
     bandwidth = next((b for key, b in BANDWIDTH.items() if key in name), None)
     n = sum(p.numel() for p in policy.parameters())
     amp, report = autocast("bf16" if cuda else "off", device), {"context": context, "device": name, "rows": []}
+
+    def timed(step) -> float:  # the median of reps calls after a warm-up, synchronised
+        times = []
+        for i in range(reps + 1):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            step(i)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
     for r in (int(x) for x in rows.split(",")):
         ids = torch.randint(0, policy.config.vocab_size, (r, context + reps + 1), device=device)
-        times = []
-        with torch.no_grad(), amp():
+        row = {"rows": r, "graph_ms": None, "graph_error": None}
+        with torch.no_grad(), amp(), decode_attention(device):
             cache = DynamicCache(config=policy.config)
             policy(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
-            for i in range(reps + 1):
-                if cuda:
-                    torch.cuda.synchronize()
-                t = time.perf_counter()
-                policy(input_ids=ids[:, context + i:context + i + 1], past_key_values=cache, use_cache=True)
-                if cuda:
-                    torch.cuda.synchronize()
-                if i:  # the first is a warm-up
-                    times.append(time.perf_counter() - t)
-        step = statistics.median(times)
+            kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+            row["eager_ms"] = 1e3 * timed(lambda i: policy(input_ids=ids[:, context + i:context + i + 1],
+                                                            past_key_values=cache, use_cache=True))
+            del cache
+            for mode in ("static", "graph") if cuda else ("static",):
+                notes = []
+                layout = StaticLayout(policy, r, reps + 2, graphs=mode == "graph", warn=notes.append)
+                run_rows = [SimpleNamespace(context=[0] * context) for _ in range(r)]
+                layout.admit([], run_rows, kv)
+                row[f"{mode}_ms"] = 1e3 * timed(lambda i: layout.decode(ids[:, context + i], run_rows))
+                if notes:
+                    row["graph_ms"], row["graph_error"] = None, notes[0]
+                layout.close()
         read = 2 * n + r * context * kv_bytes_per_token(policy.config, 2)
         floor = read / bandwidth if bandwidth else None
-        report["rows"].append({"rows": r, "eager_ms": step * 1e3, "floor_ms": floor * 1e3 if floor else None,
-                               "x_floor": step / floor if floor else None, "graph_ms": None})
+        row.update(floor_ms=floor * 1e3 if floor else None, x_floor=row["eager_ms"] / 1e3 / floor if floor else None)
+        report["rows"].append(row)
     atomic_write(Path(out), json.dumps(report))
 
 
@@ -146,10 +168,14 @@ def decode_row(model: Path, tmp: Path, rows: tuple, context: int, timeout: float
 def decode_table(name: str, d: dict) -> str:
     if "error" in d:
         return f"decode step, {name}: failed: {d['error']}"
-    lines = [f"decode step, {name}, KV cache {d['context']} tokens, eager (the CUDA-graph path: not built yet):"]
+    lines = [f"decode step, {name}, KV cache {d['context']} tokens (eager: DynamicCache; static: cb's StaticLayout, "
+             "eager; graph: the same as a CUDA graph):"]
     for r in d["rows"]:
-        floor = f"floor {r['floor_ms']:.2f} ms, {r['x_floor']:.1f}x" if r["floor_ms"] else "no bandwidth figure"
-        lines.append(f"  {r['rows']:>4} rows: {r['eager_ms']:.2f} ms ({floor})")
+        floor = f"floor {r['floor_ms']:.2f} ms, eager {r['x_floor']:.1f}x" if r["floor_ms"] else "no bandwidth figure"
+        graph = (f"graph {r['graph_ms']:.2f} ms" if r.get("graph_ms") is not None
+                 else f"graph: {r['graph_error']}" if r.get("graph_error") else "graph: CUDA only")
+        lines.append(f"  {r['rows']:>4} rows: eager {r['eager_ms']:.2f} ms, static {r['static_ms']:.2f} ms, {graph} "
+                     f"({floor})")
     return "\n".join(lines)
 
 

@@ -26,6 +26,8 @@ import contextlib
 import torch
 from transformers import GenerationConfig
 
+from machinery.kv_layout import DynamicLayout, StaticLayout, forward, left_pad, make_cache
+
 
 def hf_generator(model, tokenizer, *, stop_strings: tuple[str, ...], max_new_tokens: int = 500,
                  temperature: float = 1.0, top_p: float = 0.95, do_sample: bool = True,
@@ -243,20 +245,6 @@ def _processors(gen_cfg, extra, device):
     return procs
 
 
-def _left_pad(tensors: list, width: int, dim: int, value=0):
-    """Pad each tensor on the left of `dim` to `width` with `value` and concatenate them along dim
-    0."""
-    return torch.cat(
-        [
-            torch.cat(
-                [t.new_full((*t.shape[:dim], width - t.shape[dim], *t.shape[dim + 1 :]), value), t],
-                dim,
-            )
-            for t in tensors
-        ]
-    )
-
-
 class _Row:
     """One context of a `cb` call: `context` [L] ids, `new` the ids sampled so far, `past` the kept
     KV of its first `k` ids ([(K, V)] per layer, each [1, H, k, Dh]; None when nothing is kept),
@@ -267,35 +255,6 @@ class _Row:
 
     def cached(self) -> int:  # ids whose KV the slot holds: all but the last sampled one
         return len(self.context) + len(self.new) - 1
-
-
-def _roomy_layer(room: int):
-    """A KV cache layer for `cb`: transformers' DynamicLayer, whose keys and values [n, H, W, Dh]
-    are the first W columns of a buffer with `room` more: update() writes a step's column in place
-    where DynamicLayer copies the whole cache (torch.cat) at every step; full, it moves to a new
-    buffer. cb never batch-selects or crops a cache. cb's room, the steps its rows can still take,
-    keeps a buffer within the widest context + max_new_tokens."""
-    from transformers.cache_utils import DynamicLayer
-
-    class RoomyLayer(DynamicLayer):
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            w, p = self.get_seq_length(), key_states.shape[-2]
-            # a new buffer: the cached columns, the new, `room`
-            if w == 0 or w + p > self.room_keys.shape[-2]:
-                self.room_keys, self.room_values = (
-                    x.new_empty(*x.shape[:2], w + p + room, x.shape[-1])
-                    for x in (key_states, value_states)
-                )
-                if w:
-                    self.room_keys[:, :, :w], self.room_values[:, :, :w] = self.keys, self.values
-            self.room_keys[:, :,
-                           w:w + p], self.room_values[:, :, w:w + p] = key_states, value_states
-            self.keys, self.values = self.room_keys[:, :, :w + p], self.room_values[:, :, :w + p]
-            return self.keys, self.values
-
-    return RoomyLayer()
 
 
 class CBGenerator:
@@ -311,24 +270,29 @@ class CBGenerator:
     padding); `engine.eos_ids` (a frozenset); `engine.reset()` drops the kept KV (rollout calls it
     at the end). Raises ValueError (one line) for a model with sliding-window layers.
 
-    How a turn runs (shapes: n running rows <= batch_size, W cache columns, S ids, V vocab, H KV
-    heads):
-      * each running row is compact and right-aligned: its cached ids are its last columns of the
-        cache [n, H, W, Dh] (left padding masked), its ids (context + sampled so far) the last ones
-        of `seq` [n, S];
-      * a step (`_sample`, `_leave`, `_decode`): scores = hf's logits processors on (seq,
-        logits [n, V]); sample (softmax + multinomial) or argmax; a row stops on hf's own
-        criteria (EosTokenCriteria, StopStringCriteria) or max_new_tokens and leaves at once (the
-        columns only it used go too); the others decode one token at position = their count of
-        cached ids;
-      * free slots take the next waiting rows (`_admit`): one prefill of their uncached ids on
-        their kept KV, each row compacted (torch.gather) and joined on the left-padded cache, with
-        room for the steps left (`_roomy_layer`: in place).
+    decode: where the running rows' KV lives while they decode (machinery/kv_layout.py): "dynamic"
+    (a left-padded DynamicCache, eager), "static" (fixed slots and a length mask, eager), "graph"
+    (static, each slot count's step a CUDA graph; CUDA only), "auto" (the default: "graph" on
+    CUDA, "dynamic" elsewhere; "static" for a model sharded by FSDP). Every layout gives the same
+    ids up to float rounding (tests/test_engine.py). Raises ValueError for another value, or
+    "graph" off CUDA.
+
+    How a turn runs (shapes: n running rows <= batch_size, S ids, V vocab):
+      * each running row's ids (context + sampled so far) are the last ones of `seq` [n, S], its
+        KV in the layout;
+      * a step: scores = hf's logits processors on (seq, logits [n, V]); sample (softmax +
+        multinomial) or argmax (`_sample`); a row stops on hf's own criteria (EosTokenCriteria,
+        StopStringCriteria) or max_new_tokens and leaves at once (`layout.leave`); the others
+        decode one token at position = their count of cached ids (`layout.decode`);
+      * free slots take the next waiting rows: one prefill of their uncached ids on their kept KV
+        (`_prefill`), each row compacted (torch.gather), then joined to the layout
+        (`layout.admit`).
     """
 
     def __init__(self, model, tokenizer, *, stop_strings: tuple[str, ...],
                  max_new_tokens: int = 500, temperature: float = 1.0, top_p: float = 0.95,
-                 do_sample: bool = True, batch_size: int = 64, logits_processor=None):
+                 do_sample: bool = True, batch_size: int = 64, logits_processor=None,
+                 decode: str = "auto"):
         from transformers import EosTokenCriteria, StopStringCriteria, StoppingCriteriaList
 
         base = hf_generator(model, tokenizer, stop_strings=stop_strings,
@@ -344,37 +308,24 @@ class CBGenerator:
         # the last call's rows that kept their KV, in order: (context + first new id, ids whose KV
         # is held, KV)
         self.kept = []
+        self.decode, self.layout = decode_layout(decode, model), None
+
+    def _layout(self):
+        """This call's KV layout: a fresh DynamicLayout, or the StaticLayout kept until reset()."""
+        if self.decode == "dynamic":
+            return DynamicLayout(self.model, self.max_new_tokens)
+        if self.layout is None:
+            self.layout = StaticLayout(self.model, self.batch_size, self.max_new_tokens,
+                                       graphs=self.decode == "graph")
+        return self.layout
 
     def reset(self):
-        """Drop the KV kept for a later turn (rollout calls it when its rollout ends)."""
+        """Drop the KV kept for a later turn and the static layout's buffers and graphs (rollout
+        calls it when its rollout ends: the update needs the memory)."""
         self.kept.clear()
-
-    def _make_cache(self, kv, room=0):
-        """A DynamicCache of kv ((K, V) [n, H, W, Dh] per layer; [] if empty), with `room`
-        (`_roomy_layer`)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        cache = DynamicCache(config=self.model.config)
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # NOTE(P35)
-            raise ValueError("--generator cb needs full-attention layers (no sliding window): use "
-                             "--generator hf")
-        cache.layers = [_roomy_layer(room) for _ in cache.layers]
-        for layer, (keys, values) in zip(cache.layers, kv or []):
-            layer.update(keys, values)
-        return cache
-
-    def _steps_left(self, rows):
-        """The most decode steps the rows can still take: the columns their cache can still gain
-        (its room)."""
-        return max(self.max_new_tokens - len(r.new) for r in rows)
-
-    def _forward(self, ids, mask, pos, cache):
-        """The new ids [n, P] after the cache's W positions (mask [n, W + P], position ids [n, P])
-        -> the last position's float32 logits [n, V], as hf's; the cache grows to W + P."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                         use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].to(copy=True, dtype=torch.float32)
+        if self.layout is not None:
+            self.layout.close()
+            self.layout = None
 
     def _prefill(self, rows, device):
         """The rows' uncached ids on top of their kept KV (left-padded to Wp), themselves
@@ -385,9 +336,10 @@ class CBGenerator:
         ref = next((r.past for r in rows if r.past), [])
         # a row with nothing kept: [1, H, 0, Dh]
         none = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
-        cache = self._make_cache(
+        cache = make_cache(
+            self.model.config,
             [
-                tuple(_left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
+                tuple(left_pad([(r.past or none)[i][j] for r in rows], wp, 2) for j in (0, 1))
                 for i in range(len(ref))
             ]
         )  # [m, H, Wp, Dh] per layer
@@ -396,7 +348,7 @@ class CBGenerator:
                              for r, t in zip(rows, tails)], device=device)  # [m, Wp + P]
         # [m, P]  HF's position ids: the mask's cumsum
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, wp:]
-        logits = self._forward(ids, mask, pos, cache)
+        logits = forward(self.model, ids, mask, pos, cache)
         width = max(len(r.context) for r in rows)
         idx = torch.tensor([[wp - r.k] * (width - len(r.context)) + list(range(wp - r.k, wp))
                             + list(range(wp + p - len(t), wp + p)) for r, t in zip(rows, tails)],
@@ -425,24 +377,6 @@ class CBGenerator:
                 k += 1
             r.past, r.k = [(key[:, :, :k], value[:, :, :k]) for key, value in kv], k
 
-    def _admit(self, run, waiting, cache, seq, logits, device):
-        """Free slots take the next waiting rows: their prefill joins the running rows' cache [n, H,
-        W, Dh] (widened on the left, masked, only if a new row is longer), ids [n, S] and logits
-        [n, V]. Returns (run, cache, seq, logits)."""
-        new = [waiting.popleft() for _ in range(min(self.batch_size - len(run), len(waiting)))]
-        new_logits, kv = self._prefill(new, device)
-        if run:
-            old = [(x.keys, x.values) for x in cache.layers]
-            width = max(old[0][0].shape[2], kv[0][0].shape[2])
-            kv = [(_left_pad([k0, k1], width, 2), _left_pad([v0, v1], width, 2))
-                  for (k0, v0), (k1, v1) in zip(old, kv)]
-        cache = self._make_cache(kv, self._steps_left(run + new))  # [n, H, W, Dh] per layer
-        seq = _left_pad(([seq] if run else []) + [torch.tensor([r.context], device=device)
-                                                  for r in new],
-                        max(len(r.context) + len(r.new) for r in run + new), 1, self.pad)  # [n, S]
-        logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
-        return run + new, cache, seq, logits
-
     def _sample(self, procs, seq, logits):
         """The next id of each running row [n] from hf's processed scores [n, V] (sampled or
         argmax); returns (seq with it [n, S + 1], ids [n], stops [n] bool by hf's criteria)."""
@@ -454,25 +388,6 @@ class CBGenerator:
         seq = torch.cat([seq, nxt[:, None]], dim=1)  # [n, S + 1]
         return seq, nxt, self.stops(seq, scores)
 
-    def _leave(self, run, keep, cache, seq, device):
-        """Stopped rows leave at once (hf pads them), and the columns only they used go too:
-        returns (run, cache, seq) of the rows at `keep`."""
-        run, index = [run[i] for i in keep], torch.tensor(keep, device=device, dtype=torch.long)
-        if not run:
-            return run, None, None
-        width = max(r.cached() for r in run)
-        cache = self._make_cache([(x.keys[index, :, -width:], x.values[index, :, -width:])
-                                  for x in cache.layers], self._steps_left(run))
-        return run, cache, seq[index, -(width + 1):]
-
-    def _decode(self, run, cache, seq, device):
-        """One decode step of the running rows: their last id at position = their cached ids
-        (mask [n, W + 1] over the left-padded cache) -> logits [n, V]."""
-        n = torch.tensor([r.cached() for r in run], device=device)  # [n]
-        width = cache.get_seq_length()
-        mask = (torch.arange(width + 1, device=device) >= width - n[:, None]).long()  # [n, W + 1]
-        return self._forward(seq[:, -1:], mask, n[:, None], cache)
-
     def __call__(self, contexts: list[list[int]]) -> list[list[int]]:
         device = next(self.model.parameters()).device
         procs = _processors(self.gen_cfg, self.logits_processor, device)
@@ -480,12 +395,21 @@ class CBGenerator:
         self._reuse(rows)
         # NOTE(P35): rows holding KV go first, so that no more than batch_size rows hold KV
         waiting = collections.deque(sorted(rows, key=lambda r: r.past is None))
-        # running rows; their cache, ids [n, S], logits [n, V]; the KV kept for the next turn
-        run, cache, seq, logits, store = [], None, None, None, {}
+        # running rows, their ids [n, S] and logits [n, V]; the KV kept for the next turn
+        run, seq, logits, store, layout = [], None, None, {}, self._layout()
         with torch.no_grad(), decode_attention(device):
             while run or waiting:
-                if waiting and len(run) < self.batch_size:
-                    run, cache, seq, logits = self._admit(run, waiting, cache, seq, logits, device)
+                if waiting and len(run) < self.batch_size:  # free slots take the next rows
+                    new = [waiting.popleft()
+                           for _ in range(min(self.batch_size - len(run), len(waiting)))]
+                    new_logits, kv = self._prefill(new, device)
+                    layout.admit(run, new, kv)
+                    seq = left_pad(([seq] if run else [])
+                                   + [torch.tensor([r.context], device=device) for r in new],
+                                   max(len(r.context) + len(r.new) for r in run + new), 1,
+                                   self.pad)  # [n, S]
+                    logits = torch.cat(([logits] if run else []) + [new_logits])  # [n, V]
+                    run += new
                 seq, nxt, stop = self._sample(procs, seq, logits)
                 keep = []
                 for i, (r, t, s) in enumerate(zip(run, nxt.tolist(), stop.tolist())):
@@ -493,18 +417,42 @@ class CBGenerator:
                     if not (s or len(r.new) == self.max_new_tokens):
                         keep.append(i)
                     elif not waiting:  # NOTE(P35): no row needs the slot, so its KV is kept
-                        n = r.cached()
                         store[r.out] = (r.context + r.new[:1], r.context + r.new[:-1],
-                                        [(x.keys[i:i + 1, :, -n:].clone(),
-                                          x.values[i:i + 1, :, -n:].clone())
-                                         for x in cache.layers])  # [1, H, n, Dh] per layer
+                                        layout.kept(i, r.cached()))  # [1, H, n, Dh] per layer
                 if len(keep) < len(run):  # NOTE(P35): stopped rows leave at once
-                    run, cache, seq = self._leave(run, keep, cache, seq, device)
-                if run:
-                    logits = self._decode(run, cache, seq, device)
+                    order = layout.leave(run, keep)
+                    run = [run[i] for i in order]
+                    width = max((r.cached() for r in run), default=0)
+                    seq = seq[torch.tensor(order, device=device, dtype=torch.long),
+                              -(width + 1):] if run else None
+                if run:  # one decode step for the rows that go on
+                    logits = layout.decode(seq[:, -1], run)
         # in the call's order, for `_reuse`
         self.kept[:] = [store[r.out] for r in rows if r.out in store]
         return [r.new for r in rows]
+
+
+DECODE_LAYOUTS = ("auto", "dynamic", "static", "graph")  # train.py / evaluate.py --decode
+
+
+def decode_option(generator: str, decode: str) -> dict:
+    """The keyword --decode adds to GENERATORS[generator](...): cb's only."""
+    return {"decode": decode} if generator == "cb" else {}
+
+
+def decode_layout(decode: str, model) -> str:
+    """CBGenerator's `decode` resolved for `model`'s device ("auto": "graph" on CUDA, "static" for
+    an FSDP-sharded model there, "dynamic" elsewhere); ValueError (one line) for a bad value or
+    "graph" off CUDA."""
+    if decode not in DECODE_LAYOUTS:
+        raise ValueError(f"--decode must be one of {', '.join(DECODE_LAYOUTS)}, got {decode!r}")
+    cuda = next(model.parameters()).device.type == "cuda"
+    sharded = any(type(m).__name__.startswith("FSDP") for m in model.modules())
+    if decode == "graph" and not cuda:
+        raise ValueError("--decode graph needs a CUDA device (static is the same layout, eager)")
+    if decode == "auto":
+        return ("static" if sharded else "graph") if cuda else "dynamic"
+    return decode
 
 
 # --generator's choices

@@ -178,26 +178,36 @@ def update_activation_bytes(model, micro: int, tokens: int, response_tokens: int
 
 
 def update_plan(model, left_bytes: float, micro_batch_size: int | None, grad_ckpt: bool | None, *,
-                tokens: int,
-                response_tokens: int, bf16_autocast: bool, compute_bytes: int = 4,
-                reserve_frac: float = 0.1) -> tuple[int, bool, int]:
+                tokens: int, response_tokens: int, bf16_autocast: bool, compute_bytes: int = 4,
+                reserve_frac: float = 0.1, throughput_rows: int = 0) -> tuple[int, bool, int]:
     """(micro-batch size, gradient checkpointing, its bytes: update_activation_bytes) for the
     update, with left_bytes free beside the update's static memory. A flag the user set
     (micro_batch_size a count, grad_ckpt True or False) is kept; an unset one (None) is chosen, by
     the first that fits in (1 - reserve_frac) x left_bytes of: without gradient checkpointing
     micro-batches of 8, 4, 2, 1, then with it the same. Smaller micro-batches do not change the
     gradient (P14) and cost little at thousands of tokens per row, checkpointing ~1/3 more update
-    compute: so fewer rows first. Raises ValueError, one line with the figures and the flags to
-    change, when none fits."""
-    micros = [micro_batch_size] if micro_batch_size else [8, 4, 2, 1]
+    compute: so fewer rows first. throughput_rows > 0 (a GPU, where a matmul's efficiency grows
+    with its rows: the update ran at 7.5% MFU in micro-batches of 2 rows, 28.8% in 8,
+    results/scaling/gpu_check.md): the micro-batch is as large as fits, in powers of two up to
+    throughput_rows (a rank's mini-batch), and gradient checkpointing is taken when without it
+    fewer than 8 rows fit and with it at least twice as many. Raises ValueError, one line with the
+    figures and the flags to change, when none fits."""
+    if throughput_rows and not micro_batch_size:
+        micros = [2**k for k in range(throughput_rows.bit_length() - 1, -1, -1)]
+    else:
+        micros = [micro_batch_size] if micro_batch_size else [8, 4, 2, 1]
     ckpts = [grad_ckpt] if grad_ckpt is not None else [False, True]
     tried = [(m, ck, update_activation_bytes(model, m, tokens, response_tokens, grad_ckpt=ck,
                                              bf16_autocast=bf16_autocast,
                                              compute_bytes=compute_bytes))
              for ck in ckpts for m in micros]
-    for m, ck, need in tried:
-        if need <= (1 - reserve_frac) * left_bytes:
-            return m, ck, need
+    fits = [t for t in tried if t[2] <= (1 - reserve_frac) * left_bytes]
+    if fits and throughput_rows:
+        off = next((t for t in fits if not t[1]), None)
+        on = next((t for t in fits if t[1]), None)
+        return off if off and (off[0] >= 8 or not on or on[0] < 2 * off[0]) else on
+    if fits:
+        return fits[0]
     m, ck, need = tried[-1]  # the smallest of them
 
     def size(b):
@@ -219,7 +229,7 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
                 turns: tuple[int, int, int],
                 bf16: bool, ref=None, world: int = 1,
                 update: tuple[int | None, bool | None] = (None, None),
-                prompt_tokens: int = PROMPT_TOKENS):
+                prompt_tokens: int = PROMPT_TOKENS, throughput_rows: int = 0):
     """(rows per generate call, micro-batch size, gradient checkpointing, the plan as printable
     lines) for `model` (loaded, or built on the meta device: only its config, parameter count and
     dtype are read) on a rank with free_bytes (free_memory). gen_batch_size: "auto"
@@ -231,7 +241,8 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     update_plan chooses those, for micro-batches of the longest context (context_tokens; its
     response part gets logits) beside the static memory less the rollout's weight copy.
     prompt_tokens: the longest prompt the run will see (rollout.longest_prompt; default
-    PROMPT_TOKENS). The plan says when the longest context outgrows the model's
+    PROMPT_TOKENS). throughput_rows: on a GPU, a rank's mini-batch rows (update_plan sizes the
+    micro-batch for throughput); 0 elsewhere. The plan says when the longest context outgrows the model's
     (max_position_embeddings). Raises ValueError (gen_batch_size_auto, update_plan) when no choice
     fits; a --gen-batch-size count that does not fit is reported in the plan, not raised (the figure
     is an estimate)."""
@@ -265,7 +276,8 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     left_update = left + static["rollout weights"] * GiB
     micro, ckpt, act = update_plan(model, left_update, *update, tokens=context,
                                    response_tokens=context - prompt_tokens,
-                                   bf16_autocast=autocast_on, compute_bytes=compute_bytes)
+                                   bf16_autocast=autocast_on, compute_bytes=compute_bytes,
+                                   throughput_rows=throughput_rows)
     most = getattr(model.config, "max_position_embeddings", None) or context
     over = (f"\n  the longest trajectory ({prompt_tokens}-token prompt + turns) can reach "
             f"{context} tokens, past the "
@@ -306,3 +318,7 @@ if __name__ == "__main__":
     plan = memory_plan(model, 80e9, rows=512 * 5, turns=(3, 500, 500), bf16=True, ref=ref)[-1]
     # static 57.5 GiB; 41 rows per generate call; micro-batches of 4 with --grad-ckpt: 19.1 GiB
     print(plan)
+    # on a GPU (train.py passes a rank's mini-batch rows: 256): sized for throughput
+    print(memory_plan(model, 140e9, rows=512 * 5, turns=(3, 500, 500), bf16=True, ref=ref,
+                      throughput_rows=256)[-1].splitlines()[-1])
+    # an H200's 140 GB: micro-batches of 8 with --grad-ckpt, 37.5 GiB (the CPU's rule: 2 without)

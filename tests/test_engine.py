@@ -9,6 +9,7 @@ to the model, inside the top-p nucleus, with the policy's expected log-likelihoo
 only what a row lacks, and a tail cut off the last turn is dropped; the flag's bad values are one line."""
 
 import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from tiny import build_model, build_tokenizer  # noqa: E402
 from train import parse_args  # noqa: E402
 
 WARM_START = ROOT / "lab" / "world0_policy"
+# cb over its static KV layout (fixed slots, a length mask: what a CUDA graph captures), eager here
+ENGINES = {**GENERATORS, "cb-static": functools.partial(CBGenerator, decode="static")}
 QUESTIONS = [{"question": q, "golden_answers": ["x"]} for q in ("Where was Alda born", "Who is Bo", "What is it")]
 
 
@@ -70,11 +73,11 @@ def eos_bias(tok, bias, tags=0.0):
 def test_greedy_episodes_are_the_same(tiny, batch_size, bias, tags):
     model, tok = tiny
     eps = {}
-    for name, make in GENERATORS.items():
+    for name, make in ENGINES.items():
         generate = make(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, do_sample=False,
                         batch_size=batch_size, logits_processor=eos_bias(tok, bias, tags))
         eps[name] = rollout(generate, tok, QUESTIONS, no_search, group_size=2, max_turns=3, max_obs_tokens=64)
-    for name in GENERATORS:
+    for name in ENGINES:
         assert [fields(e) for e in eps[name]] == [fields(e) for e in eps["hf"]], name
     lengths = {len(e.response_ids) for e in eps["hf"]}
     assert max(e.num_turns for e in eps["hf"]) == 4 and (bias == 0 or len(lengths) > 1)  # holes when bias > 0
@@ -132,14 +135,15 @@ def test_cb_greedy_searches_are_hfs_with_refilled_slots(world):
         scores[:, know] -= 100.0
         return scores
 
-    eps = {name: rollout(GENERATORS[name](model, tok, stop_strings=STOP_STRINGS, max_new_tokens=48, do_sample=False,
-                                          batch_size=4, logits_processor=[search_first]), tok, rows, search, group_size=2,
-                         max_turns=3, max_obs_tokens=96) for name in ("hf", "cb")}
-    assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps["cb"]]
+    eps = {name: rollout(ENGINES[name](model, tok, stop_strings=STOP_STRINGS, max_new_tokens=48, do_sample=False,
+                                       batch_size=4, logits_processor=[search_first]), tok, rows, search, group_size=2,
+                         max_turns=3, max_obs_tokens=96) for name in ("hf", "cb", "cb-static")}
+    for name in ("cb", "cb-static"):
+        assert [fields(e) + (e.num_searches,) for e in eps["hf"]] == [fields(e) + (e.num_searches,) for e in eps[name]]
     assert sum(e.num_searches for e in eps["hf"]) >= 6 and len({e.num_turns for e in eps["hf"]}) > 1
 
 
-@pytest.mark.parametrize("engine", [kv_generator, CBGenerator])
+@pytest.mark.parametrize("engine", [kv_generator, CBGenerator, ENGINES["cb-static"]])
 def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
     model, tok = tiny
     generate = engine(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False)
@@ -150,7 +154,8 @@ def test_kept_caches_are_freed_when_the_rollout_ends(tiny, engine):
     assert again == first
 
 
-def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny, decode):
     """Turn 2 keeps 2, 5 and all 8 of turn 1's ids before an observation: cb feeds only the uncached ids (the cut
     tail's KV is dropped) and its greedy ids and every step's logits equal hf's, which re-prefills every context
     (logits up to float32 rounding: ids alone can miss a kept KV off by one position)."""
@@ -170,7 +175,7 @@ def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
     model.forward = lambda *a, **kw: fed.append(kw["input_ids"].shape[1]) or forward(*a, **kw)
     try:
         cb = CBGenerator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=8, do_sample=False, batch_size=3,
-                          logits_processor=[recorder("cb")])
+                         logits_processor=[recorder("cb")], decode=decode)
         first = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?")]
         new = cb(first)
         assert [len(n) for n in new] == [8, 8, 8]
@@ -188,7 +193,8 @@ def test_cb_later_turns_prefill_only_new_ids_and_drop_a_cut_tail(tiny):
     assert len(fed) > 1 and fed[0] <= 1 + len(enc(tok, " obs"))  # the prefill: at most the last id and " obs" a row
 
 
-def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny, decode):
     """Sampling (T 0.7, top-p 0.5) with 3 slots for 8 rows: every returned id was appended to its row's ids as the
     logits processors saw them, lies inside the top-p nucleus of the policy's recomputed logits (a slack of 1e-3 on
     p, for float rounding) and, summed over the ids, log p(id) matches its expectation -H within 4 standard
@@ -204,7 +210,7 @@ def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
 
     torch.manual_seed(0)
     cb = CBGenerator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=24, temperature=0.7, top_p=0.5,
-                      batch_size=3, logits_processor=[record])
+                     batch_size=3, logits_processor=[record], decode=decode)
     contexts = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi")] * 2
     new = cb(contexts)
     from transformers import GenerationConfig
@@ -226,6 +232,78 @@ def test_p7_cb_sampled_ids_are_the_ids_it_fed_back_and_follow_the_policy(tiny):
         mean -= ent.sum().item()
         var += ((p * logp.nan_to_num(neginf=0.0) ** 2).sum(-1) - ent ** 2).sum().item()
     assert abs(total - mean) < 4 * var ** 0.5, (total, mean, var ** 0.5)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # a boolean mask there, an additive one here
+def test_static_layout_keeps_rows_compact_and_grows_its_columns(tiny, attention):
+    """StaticLayout (--decode static; what --decode graph captures): rows that leave are replaced by the last rows that
+    go on, their cached columns copied with them; a later call whose contexts need more columns than the slots hold
+    grows them (the old columns kept); every step's logits are the dynamic layout's up to float32 rounding; close()
+    (reset, at a rollout's end) frees the buffers."""
+    from machinery.kv_layout import StaticLayout, bucket
+
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]
+    model.set_attn_implementation(attention)
+    assert model.config._attn_implementation == attention
+    assert [bucket(n, 6) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 4, 6, 6]  # power-of-two slot counts, <= slots
+    logits = {}
+
+    def recorder(name):
+        def record(input_ids, scores):
+            for ids, row in zip(input_ids.tolist(), scores):
+                logits.setdefault(name, {})[tuple(i for i in ids if i != tok.pad_token_id)] = row.clone()
+            return scores
+        return record
+
+    short = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi", "Tell me", "a b")]
+    long = [c + enc(tok, " word") * 150 for c in short[:3]]  # > 256 ids: more columns than the first call's
+    out = {}
+    for decode in ("dynamic", "static"):
+        cb = CBGenerator(model, tok, stop_strings=STOP_STRINGS, max_new_tokens=10, do_sample=False, batch_size=4,
+                         logits_processor=eos_bias(tok, 0.2) + [recorder(decode)], decode=decode)
+        out[decode] = cb(short), cb(long)
+        if decode == "static":
+            layout = cb.layout
+            assert isinstance(layout, StaticLayout) and layout.capacity >= max(map(len, long)) + 10 > 256
+            cb.reset()
+            assert cb.layout is None and layout.keys is None
+    assert out["static"] == out["dynamic"]
+    assert len({len(n) for n in out["static"][0]}) > 1  # rows left at different steps: slots were refilled
+    assert logits["static"].keys() == logits["dynamic"].keys()
+    torch.testing.assert_close(torch.stack(list(logits["static"].values())),
+                               torch.stack([logits["dynamic"][k] for k in logits["static"]]), rtol=1e-4, atol=1e-4)
+
+
+def test_static_layout_leave_fills_each_hole_with_a_row_that_goes_on():
+    from machinery.kv_layout import StaticLayout
+
+    class Row:
+        def __init__(self, n):
+            self.n = n
+
+        def cached(self):
+            return self.n
+
+    layout = StaticLayout(model=None, slots=6, max_new_tokens=4)
+    layout.keys = [torch.arange(6.0)[:, None, None, None].expand(6, 1, 8, 2).clone()]  # slot s: all s
+    layout.values = [k.clone() for k in layout.keys]
+    layout.lens, layout.active = torch.tensor([3, 4, 5, 6, 7, 8]), torch.ones(6, dtype=torch.long)
+    run = [Row(n) for n in (3, 4, 5, 6, 7, 8)]
+    order = layout.leave(run, keep=[0, 2, 4, 5])  # rows 1 and 3 stop: slots 1, 3 take rows 4, 5
+    assert order == [0, 4, 2, 5]
+    assert layout.lens.tolist() == [3, 7, 5, 8, 0, 0] and layout.active.tolist() == [1, 1, 1, 1, 0, 0]
+    k = layout.keys[0][:, 0, :, 0]  # [slots, C]
+    assert k[1, :7].eq(4).all() and k[1, 7:].eq(1).all()  # row 4's 7 cached columns; beyond them, never read
+    assert k[3, :8].eq(5).all() and k[0].eq(0).all() and k[2].eq(2).all()
+
+
+def test_decode_choices_are_checked(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="--decode must be one of auto, dynamic, static, graph, got 'fast'"):
+        CBGenerator(model, tok, stop_strings=STOP_STRINGS, decode="fast")
+    with pytest.raises(ValueError, match="--decode graph needs a CUDA device"):
+        CBGenerator(model, tok, stop_strings=STOP_STRINGS, decode="graph")
+    assert CBGenerator(model, tok, stop_strings=STOP_STRINGS).decode == "dynamic"  # auto, off CUDA
 
 
 @pytest.mark.parametrize("do_sample", [True, False])
@@ -274,7 +352,7 @@ def test_hf_generator_stops_on_the_models_and_the_tokenizers_eos(tok, model):
 # P16: ids the tokenizer does not have are never sampled
 
 
-@pytest.mark.parametrize("engine", [hf_generator, CBGenerator])
+@pytest.mark.parametrize("engine", [hf_generator, CBGenerator, ENGINES["cb-static"]])
 def test_p16_no_out_of_tokenizer_ids(tok, model, engine):
     n_tok = len(tok)
     vocab = model.get_output_embeddings().weight.shape[0]

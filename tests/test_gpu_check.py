@@ -102,13 +102,16 @@ def test_real_model_tiny_pack_and_run(tmp_path):
 
 
 def test_the_decode_part_times_a_step_per_row_count(tmp_path):
-    """Part 6 (issue 51) alone: a decode step per row count, eager, in its own process; on a CPU there is no
-    bandwidth figure, so no floor (a GPU row has floor_ms and x_floor); the graph column waits for its path."""
+    """Part 6 (issue 51) alone: a decode step per row count, in its own process, on a DynamicCache (eager) and on the
+    cb engine's static layout (static); on a CPU no graph column (CUDA only) and no bandwidth figure, so no floor (a
+    GPU row has floor_ms and x_floor)."""
     out = tmp_path / "x.json"
     r = hang.run([*SCRIPT, "--tiny", "--parts", "decode", "--main-prompts", "0", "--out", str(out)],
                  cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     decode = json.loads(out.read_text())["decode"]["tiny"]
     assert decode["context"] == 64 and [row["rows"] for row in decode["rows"]] == [2, 4]
-    assert all(row["eager_ms"] > 0 and row["floor_ms"] is None and row["graph_ms"] is None for row in decode["rows"])
-    assert "decode step, tiny, KV cache 64 tokens, eager" in r.stdout
+    assert all(row["eager_ms"] > 0 and row["static_ms"] > 0 and row["floor_ms"] is None and row["graph_ms"] is None
+               and row["graph_error"] is None for row in decode["rows"])
+    assert "graph: CUDA only" in r.stdout
+    assert "decode step, tiny, KV cache 64 tokens (eager: DynamicCache" in r.stdout

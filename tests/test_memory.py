@@ -94,6 +94,7 @@ def test_the_demo_prints_the_3b_plan_of_its_comments():
     assert lines[0] == "context 3756 | KV bytes/token 36864 | row bytes 400645008"
     assert "static 57.5 GiB" in lines[1] and "41 rows per call" in lines[2]
     assert "--micro-batch-size 4 (chosen by the plan), --grad-ckpt on" in lines[3] and "= 19.1 GiB" in lines[3]
+    assert "--micro-batch-size 8 (chosen by the plan), --grad-ckpt on" in lines[4] and "= 37.5 GiB" in lines[4]
 
 
 def test_free_memory_on_cpu_is_a_positive_byte_count():
@@ -154,6 +155,22 @@ def test_the_plan_chooses_the_update_for_the_main_command(name, card, want):
     assert (n, micro, ckpt) == want
     on = "on" if ckpt else "off"
     assert f"+ update: --micro-batch-size {micro} (chosen by the plan), --grad-ckpt {on} (chosen by the plan)" in plan
+
+
+@pytest.mark.parametrize("left, want", [(40, (8, True)), (78.7, (8, True)), (200, (32, True)), (400, (8, False)),
+                                        (1000, (32, False))])
+def test_on_a_gpu_the_update_is_sized_for_throughput(left, want):
+    """throughput_rows (train.py passes a rank's mini-batch rows on CUDA): the largest power-of-two micro-batch that
+    fits, up to those rows, and --grad-ckpt when without it fewer than 8 rows fit and with it at least twice as many.
+    3B at the main command's 3,756 tokens: without checkpointing 1 row needs 28.9 GiB (2 fit in 78.7 GiB: 8 with
+    it), 8 rows fit in 400 GiB (then no checkpointing); the CPU's order (8, 4, 2, 1; without first) is kept off CUDA;
+    a user's flags are kept; 2 rows cap the sizes at 2."""
+    model = meta_model("Qwen2.5-3B")
+    kw = dict(tokens=3756, response_tokens=3256, bf16_autocast=True, compute_bytes=2)
+    assert update_plan(model, left * GiB, None, None, throughput_rows=256, **kw)[:2] == want
+    assert update_plan(model, 78.7 * GiB, None, None, **kw)[:2] == (2, False)  # off CUDA
+    assert update_plan(model, 78.7 * GiB, 4, None, throughput_rows=256, **kw)[:2] == (4, True)  # as given
+    assert update_plan(model, 1000 * GiB, None, None, throughput_rows=2, **kw)[:2] == (2, False)
 
 
 def test_the_flags_a_user_sets_are_kept_or_the_plan_stops_naming_them():

@@ -37,7 +37,8 @@ GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywher
     M + "policy": {M + "checkpoint"},
     M + "bm25": set(),  # and its compiled search, machinery/bm25_numba/topk.py
     M + "run": {M + "checkpoint", M + "fsdp"},
-    **{M + m: set() for m in ("checkpoint", "data", "engine", "fsdp", "memory", "paper", "remote", "tracking")},
+    M + "engine": {M + "kv_layout"},
+    **{M + m: set() for m in ("checkpoint", "data", "fsdp", "kv_layout", "memory", "paper", "remote", "tracking")},
 }
 # The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
 # puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).
