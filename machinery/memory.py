@@ -242,10 +242,10 @@ def memory_plan(model, free_bytes: float, gen_batch_size: str = "auto", *, rows:
     response part gets logits) beside the static memory less the rollout's weight copy.
     prompt_tokens: the longest prompt the run will see (rollout.longest_prompt; default
     PROMPT_TOKENS). throughput_rows: on a GPU, a rank's mini-batch rows (update_plan sizes the
-    micro-batch for throughput); 0 elsewhere. The plan says when the longest context outgrows the model's
-    (max_position_embeddings). Raises ValueError (gen_batch_size_auto, update_plan) when no choice
-    fits; a --gen-batch-size count that does not fit is reported in the plan, not raised (the figure
-    is an estimate)."""
+    micro-batch for throughput); 0 elsewhere. The plan says when the longest context outgrows the
+    model's (max_position_embeddings). Raises ValueError (gen_batch_size_auto, update_plan) when no
+    choice fits; a --gen-batch-size count that does not fit is reported in the plan, not raised (the
+    figure is an estimate)."""
     n_params, weights_bytes = (
         sum(p.numel() for p in model.parameters()),
         next(model.parameters()).element_size(),
