@@ -11,10 +11,13 @@ _get_per_token_logps_and_entropies calls made while scoring, and training_step. 
 the tokens, the ratio TRL / train.py, and the fraction of this machine's fp32 matmul peak (a 1-thread torch.mm of
 1024^3, measured here) that the phase's FLOPs reach: 2 N per generated or scored token, 6 N per trained token (N: the
 model's parameters; attention left out), and each process's peak RSS. The samples differ (each framework draws its
-own), so the tokens are printed beside the seconds. Nothing is asserted.
+own), so the tokens are printed beside the seconds. Nothing is asserted. --defaults runs each tool at its own defaults
+instead of fp32 for both: train.py's --amp auto (bf16 autocast on a CPU with bf16 units, fp32 elsewhere) and its fixed
+probe (--probe-every auto; its responses are sampled before step 1, outside the timed step), TRL's GRPOConfig bf16
+(True by default); the batch, tokens and optimizer stay the same.
 
     pip install trl==1.16.0                                    # TRL is not a requirement of this project
-    python benchmarks/bench_trl.py --model ~/.cache/offline-models/smollm2 --new-tokens 128
+    python benchmarks/bench_trl.py --model ~/.cache/offline-models/smollm2 --new-tokens 128 [--defaults]
 """
 
 import argparse
@@ -47,7 +50,7 @@ def matmul_peak(n: int = 1024, reps: int = 5) -> float:
     return best
 
 
-def run_ours(model: str, new_tokens: int, out: Path) -> dict:
+def run_ours(model: str, new_tokens: int, out: Path, defaults: bool = False) -> dict:
     """train.py, one step, in this process (train.py of this checkout, or of --before's), its phases timed by
     wrapping train.rollout, train.batch_logp (before the update: old and reference passes; after: the after-update
     pass) and train.update; the step from the rollout's start to the step's log line."""
@@ -90,18 +93,25 @@ def run_ours(model: str, new_tokens: int, out: Path) -> dict:
     train.collate, train.log_step = counted, logged
     train.save_checkpoint = lambda *a, **kw: None
     probe = ["--probe-questions", "0"] if "probe_questions" in {f.name for f in dataclasses.fields(train.Args)} else []
+    precision = ["--amp", "off"]
+    if defaults:
+        probe = precision = []
     args = train.parse_args(["--model", model, "--train-data", str(QUESTIONS), "--corpus", str(CORPUS),
                              "--out-dir", str(out), "--steps", "1", "--prompts-per-step", "2", "--group-size", "4",
                              "--max-turns", "0", "--max-new-tokens", str(new_tokens), "--mini-batch-size", "8",
                              "--micro-batch-size", "8", "--kl-coef", "0.001", "--lr", "1e-6", "--warmup-ratio", "0",
-                             "--device", "cpu", "--amp", "off", "--overwrite", *probe])
+                             "--device", "cpu", "--overwrite", *precision, *probe])
     train.main(args)
     step = tuple(e - s for e, s in zip(marks["end"], marks["start"]))
+    from machinery.policy import autocast
+
+    bf16 = isinstance(autocast(args.amp, "cpu", args.dtype)(), __import__("torch").autocast)
     return {**{k: tuple(v) for k, v in phases.items()}, "step": step, "tokens": tokens, "ref_dtype": args.ref_dtype,
-            "logp_passes": 1 if probe else 2}  # this checkout: the reference only (one mini-batch); before: old too
+            # logp_passes: this checkout the reference only (one mini-batch); before: old too
+            "logp_passes": 1 if probe else 2, "precision": "bf16 autocast" if bf16 else "fp32"}
 
 
-def run_trl(model: str, new_tokens: int, out: Path) -> dict:
+def run_trl(model: str, new_tokens: int, out: Path, defaults: bool = False) -> dict:
     """TRL's GRPOTrainer, one step, in this process, its phases timed by wrapping its methods."""
     import torch
     from datasets import Dataset
@@ -122,7 +132,7 @@ def run_trl(model: str, new_tokens: int, out: Path) -> dict:
     cfg = GRPOConfig(output_dir=str(out), num_generations=4, per_device_train_batch_size=8, max_steps=1,
                      max_completion_length=new_tokens, beta=0.001, temperature=1.0, top_p=0.95, learning_rate=1e-6,
                      use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, disable_dropout=True,
-                     bf16=False, loss_type="grpo")
+                     loss_type="grpo", **({} if defaults else {"bf16": False}))
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), args=cfg,
                           reward_funcs=reward, train_dataset=data, processing_class=tok)
     phases = {k: [0.0, 0.0] for k in ("generation", "logp", "update")}
@@ -169,15 +179,17 @@ def run_trl(model: str, new_tokens: int, out: Path) -> dict:
     trainer.train()
     step = (time.process_time() - step_c, time.time() - step_w)
     return {**{k: tuple(v) for k, v in phases.items()}, "step": step, "tokens": tokens,
-            "logp_passes": 1 if trainer.ref_model is not None or cfg.beta else 0}
+            "logp_passes": 1 if trainer.ref_model is not None or cfg.beta else 0,
+            "precision": "bf16" if cfg.bf16 else "fp32"}
 
 
-def child(which: str, model: str, new_tokens: int, out: str, root: str):
+def child(which: str, model: str, new_tokens: int, out: str, root: str, defaults: str = "0"):
     import torch
 
     sys.path.insert(0, root)  # "before": train.py of another checkout (git worktree of --before)
     torch.manual_seed(0)
-    got = (run_trl if which == "trl" else run_ours)(model, new_tokens, Path(out) / which)
+    run = run_trl if which == "trl" else run_ours
+    got = run(model, new_tokens, Path(out) / which, **({"defaults": True} if defaults == "1" else {}))
     got["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     got["params"] = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
         model).parameters())
@@ -189,10 +201,12 @@ def main():
     ap.add_argument("--model", help="a local model folder (e.g. SmolLM2-135M-Instruct)")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens of the answer turn (default 128)")
     ap.add_argument("--before", help="also run train.py as of this git revision (a temporary worktree): before/after")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--defaults", action="store_true",
+                    help="each tool at its own defaults (precision, train.py's probe), not fp32 for both")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child[0], a.child[1], int(a.child[2]), a.child[3], a.child[4])
+        return child(a.child[0], a.child[1], int(a.child[2]), a.child[3], a.child[4], a.child[5])
     import importlib.util
 
     if importlib.util.find_spec("trl") is None:
@@ -215,7 +229,8 @@ def main():
         try:
             for which, root in roots.items():
                 r = subprocess.run([sys.executable, __file__, "--child", which, str(Path(a.model).expanduser()),
-                                    str(a.new_tokens), tmp, str(root)], cwd=root, capture_output=True, text=True,
+                                    str(a.new_tokens), tmp, str(root), "1" if a.defaults else "0"], cwd=root,
+                                   capture_output=True, text=True,
                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
                 if r.returncode:
                     raise SystemExit(f"error: the {which} step failed:\n{r.stderr[-3000:]}")
@@ -224,6 +239,8 @@ def main():
             if a.before:
                 subprocess.run(["git", "worktree", "remove", "--force", str(roots["before"])], cwd=ROOT)
     n = got["ours"]["params"]
+    print("precision: " + ", ".join(f"{c} {got[c].get('precision', '?')}" for c in got)
+          + (" (each tool's defaults)" if a.defaults else " (fp32 for both)"))
     print(f"{n / 1e6:.0f}M parameters; train.py's reference: {got['ours']['ref_dtype']}; tokens generated (scored / "
           f"trained): train.py {got['ours']['tokens']['generated']} ({got['ours']['tokens']['trained']}), TRL "
           f"{got['trl']['tokens']['generated']} ({got['trl']['tokens']['trained']})")
