@@ -92,7 +92,8 @@ def run_ours(model: str, new_tokens: int, out: Path, defaults: bool = False) -> 
         return log_step(*a, **kw)
     train.collate, train.log_step = counted, logged
     train.save_checkpoint = lambda *a, **kw: None
-    probe = ["--probe-questions", "0"] if "probe_questions" in {f.name for f in dataclasses.fields(train.Args)} else []
+    current = "probe_questions" in {f.name for f in dataclasses.fields(train.Args)}  # this checkout, not --before's
+    probe = ["--probe-questions", "0"] if current else []
     precision = ["--amp", "off"]
     if defaults:
         probe = precision = []
@@ -108,7 +109,7 @@ def run_ours(model: str, new_tokens: int, out: Path, defaults: bool = False) -> 
     bf16 = isinstance(autocast(args.amp, "cpu", args.dtype)(), __import__("torch").autocast)
     return {**{k: tuple(v) for k, v in phases.items()}, "step": step, "tokens": tokens, "ref_dtype": args.ref_dtype,
             # logp_passes: this checkout the reference only (one mini-batch); before: old too
-            "logp_passes": 1 if probe else 2, "precision": "bf16 autocast" if bf16 else "fp32"}
+            "logp_passes": 1 if current else 2, "precision": "bf16 autocast" if bf16 else "fp32"}
 
 
 def run_trl(model: str, new_tokens: int, out: Path, defaults: bool = False) -> dict:
