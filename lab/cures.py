@@ -9,7 +9,8 @@ verdict against the baseline, paired by (world, seed), under the rules of result
             probe (probe/dlogp_correct at the end) above the baseline's in >= 6 of 9 pairs (two thirds of the pairs);
   delays    fewer collapses but the probe not kept up, or later collapse steps in >= two thirds of the pairs where
             both collapsed;
-  no effect otherwise (said untested where the baseline itself collapsed in fewer than 3 runs).
+  no effect otherwise; untested instead where the baseline itself collapsed in fewer than 3 runs (then "stops"
+            cannot be reached: the probe column says what the collapses cannot).
 
 It prints every run's row, then one row per cell: collapses, degraded and held runs; the final reward; the probe's
 change at the end (mean and range); test EM (mean and range); the CPU seconds a step against the baseline's; the
@@ -66,11 +67,12 @@ def verdict(cell: list[dict], base: list[dict]) -> str:
     col, col0 = (sum(r["verdict"] == "collapsed" for r in runs) for runs in (cell, base))
     up, pairs = keeps_up(cell, base)  # paired by (world, lr, seed)
     later, both = later_collapses(cell, base)
-    if col0 >= 3 and col <= col0 / 2 and pairs and up >= 2 * pairs / 3:
+    kept = bool(pairs) and up >= 2 * pairs / 3
+    if col0 >= 3 and col <= col0 / 2 and kept:
         return "stops"
-    if col < col0 or (both and later >= 2 * both / 3):
+    if (col < col0 and not kept) or (both and later >= 2 * both / 3):  # fewer, the probe not kept up; or later
         return "delays"
-    return "no effect" if col0 >= 3 else "no effect (untested: the baseline collapsed in fewer than 3 runs)"
+    return "no effect" if col0 >= 3 else "untested: the baseline collapsed in fewer than 3 runs"
 
 
 def span(values: list, spec: str = "+.3f") -> str:

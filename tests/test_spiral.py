@@ -338,7 +338,12 @@ def test_cures_judges_each_cell_against_the_baseline_by_the_protocols_rules(tmp_
     assert cures.verdict(cells["later"], cells["plain"]) == "delays"
     assert cures.verdict(cells["twin"], cells["plain"]) == "no effect"
     assert cures.verdict(cells["twin"], cells["cure"]) == \
-        "no effect (untested: the baseline collapsed in fewer than 3 runs)"  # a baseline that never collapsed
+        "untested: the baseline collapsed in fewer than 3 runs"  # a baseline that never collapsed
+    for seed, rewards in enumerate((fall, held, held)):  # a baseline with 1 collapse, its probe sinking in all 3
+        write_run(tmp_path / "one", 11, seed, rewards, sinking, em=0.0)
+    one = cures.read_cell(tmp_path / "one")  # the cure: fewer collapses, the probe kept up, but "stops" needs >= 3
+    assert cures.verdict(cells["cure"], one) == "untested: the baseline collapsed in fewer than 3 runs"
+    assert cures.verdict(cells["twin"][:1] + cells["later"][1:], cells["twin"]) == "delays"  # later in 2 of 3
     table = cures.tables(cells)
     assert "| cure | 3 | 0 / 0 / 3 | 0.400 | +0.000 [+0.000, +0.000] | 3 of 3 | 0 of 0 | 0.100 [0.100, 0.100] | " \
            "1.50x | stops |" in table
