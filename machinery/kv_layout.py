@@ -263,6 +263,23 @@ class StaticLayout:
         self.lens.copy_(lens)
         return graph
 
+    def _checked(self, b: int, graph):
+        """`graph` if one replay gives the eager step's logits (within 1e-2: the same kernels give
+        the same floats), else RuntimeError: a graph that read a stale buffer would decode garbage
+        silently. Both write the same K/V at column lens, which the step then writes again; lens is
+        restored."""
+        lens = self.lens.clone()
+        self._step(b)
+        eager = self.logits[:b].clone()
+        self.lens.copy_(lens)
+        graph.replay()
+        self.lens.copy_(lens)
+        if not torch.allclose(self.logits[:b], eager, rtol=1e-2, atol=1e-2):
+            worst = (self.logits[:b] - eager).abs().max().item()
+            raise RuntimeError(f"its replay's logits differ from the eager step's by up to "
+                               f"{worst:.3g}")
+        return graph
+
     def decode(self, last: torch.Tensor, run: list) -> torch.Tensor:
         """One decode step of the rows in slots [0, n): their last ids [n] -> logits [n, V]."""
         n = len(run)
@@ -273,7 +290,7 @@ class StaticLayout:
                                       device=last.device, dtype=torch.float32)
         if self.graphs and b not in self.graph:
             try:
-                self.graph[b] = self._capture(b)
+                self.graph[b] = self._checked(b, self._capture(b))
             except Exception as err:  # noqa: BLE001: any capture failure falls back, said once
                 self.graphs = False
                 self.warn(f"note: CUDA graph capture of the decode step failed "

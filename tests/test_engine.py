@@ -297,6 +297,45 @@ def test_static_layout_leave_fills_each_hole_with_a_row_that_goes_on():
     assert k[3, :8].eq(5).all() and k[0].eq(0).all() and k[2].eq(2).all()
 
 
+@pytest.mark.parametrize("capture", ["faithful", "stale", "fails"])
+def test_graph_replays_are_checked_against_the_eager_step(tiny, monkeypatch, capture):
+    """--decode graph's bookkeeping without a GPU: StaticLayout._capture replaced by a stand-in whose replay runs the
+    step (faithful), writes wrong logits (stale: a graph that read an old buffer) or that raises. A faithful graph is
+    kept and replayed; a stale one fails its check against the eager step, and a failed capture falls back: one note
+    each, then the eager step; the ids stay the dynamic layout's in all three."""
+    from machinery.kv_layout import StaticLayout
+
+    class Replay:
+        def __init__(self, layout, b):
+            self.layout, self.b = layout, b
+
+        def replay(self):
+            if capture == "stale":
+                self.layout.logits[:self.b] = 0.0
+            else:
+                self.layout._step(self.b)
+
+    def fake_capture(layout, b):
+        if capture == "fails":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Replay(layout, b)
+
+    monkeypatch.setattr(StaticLayout, "_capture", fake_capture)
+    model, tok = tiny
+    kw = dict(stop_strings=STOP_STRINGS, max_new_tokens=10, do_sample=False, batch_size=4,
+              logits_processor=eos_bias(tok, 0.2))
+    contexts = [enc(tok, q) for q in ("Where was Alda born?", "Who is Bo?", "What is it?", "Hi", "Tell me")]
+    want = CBGenerator(model, tok, decode="dynamic", **kw)(contexts)
+    cb, notes = CBGenerator(model, tok, decode="static", **kw), []
+    cb.layout = StaticLayout(model, 4, 10, graphs=True, warn=notes.append)
+    assert cb(contexts) == want
+    if capture == "faithful":
+        assert not notes and cb.layout.graphs and 4 in set(cb.layout.graph) <= {1, 2, 4}  # a graph per slot count
+    else:
+        assert len(notes) == 1 and notes[0].endswith("decoding eagerly over the static layout"), notes
+        assert not cb.layout.graphs and ("differ from the eager step's" in notes[0]) == (capture == "stale")
+
+
 def test_decode_choices_are_checked(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="--decode must be one of auto, dynamic, static, graph, got 'fast'"):
