@@ -2,26 +2,20 @@
 paper reports it.
 
 Source: Search-R1 `ray_trainer._validate` as the LLDS paper (arXiv 2512.04220, Tables 1-4) reports
-it: greedy decoding, the training loop's rollout with a search budget of max_turns = 4 (every logged
-eval config; LLDS trains with 3), top-3 passages, score = EM (rollout.em_check, the training reward)
-per data_source, which _validate logs as val/test_score/<data_source>. Test sets: FlashRAG's nq,
-triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, split test, else dev (Search-R1
-`qa_search_test_merge.py`). Gen-Avg / MH-Avg / Avg: unweighted means over sources. Extra columns:
-token F1 and sub-EM (FlashRAG `evaluator/metrics.py` F1_Score, Sub_ExactMatch), searches per
-question, and retrieval recall of the gold paragraphs when rows carry metadata.supporting_titles.
---limit scores a fixed, seeded subset (P24), so every evaluation of a run scores the same questions.
-Sub-EM, like EM, never counts a gold that normalises to "" (P20 in docs/pitfalls.md;
-FlashRAG counts it in any answer).
+it: greedy decoding, the training rollout with max_turns = 4 (every logged eval config; training
+uses 3), top-3 passages, score = EM (rollout.em_check, the training reward) per data_source. Test
+sets: FlashRAG's nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle (split test,
+else dev). Gen-Avg / MH-Avg / Avg: unweighted means over sources. Extra columns: token F1 and sub-EM
+(FlashRAG's metrics), searches per question, recall of the gold paragraphs. --limit scores a fixed,
+seeded subset (P24).
 
     python evaluate.py --model runs/default --data data/hotpotqa/hotpotqa_validation.jsonl \\
         --corpus data/hotpotqa/corpus.jsonl --limit 20
     python evaluate.py --model Qwen/Qwen2.5-3B --benchmarks all --corpus wiki-18.jsonl \
         --compare-paper 3B-Base
 
-Prints a table (one row per data_source, then the averages) and writes the scores and records to
---out (JSON, and the records to the .jsonl beside it), records streaming to a .partial file kept
-until the evaluation completes; --out is checked first (never an input file or a checkpoint folder;
-an earlier evaluation is replaced only with --overwrite).
+Prints the table and writes the scores and records to --out (JSON, records in the .jsonl beside it),
+checked before anything runs (machinery/eval_files.py).
 """
 
 import argparse

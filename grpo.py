@@ -3,9 +3,8 @@ Search-R1 code runs it.
 
 Deng et al., arXiv 2512.04220, v2 Eq. 1, as the official code (a veRL 0.1 fork; line numbers at its
 commit ab05c96) computes it: core_algos.py compute_grpo_outcome_advantage / compute_policy_loss
-(lines 164-197) / compute_policy_loss_gspo (257-318) / kl_penalty, and dp_actor.py update_policy. B
-= sequences (= prompts x G), G = group size, T = response tokens; masks are float [B, T], 1 on
-tokens the policy generated, 0 elsewhere.
+(lines 164-197) / compute_policy_loss_gspo (257-318) / kl_penalty, and dp_actor.py update_policy.
+B = prompts x G sequences, T = response tokens; masks are float [B, T], 1 on generated tokens.
 
     A_i   = (r_i - mean(r_group)) / (std(r_group) + 1e-6)                 -> group_advantages
     r_t   = pi_theta(y_t) / pi_old(y_t) = exp(logp - old_logp), at most 100  -> ppo_ratio (ppo-clip)
@@ -16,12 +15,9 @@ tokens the policy generated, 0 elsewhere.
                                                              Eq. 1, sign flipped: a loss
     L     = L_pg - entropy_coef * agg(H) + kl_coef * agg(KL_k3(pi_theta || pi_ref))    dp_actor.py
 
-"ppo-clip" is the default and what produced the GRPO numbers; "gspo" (Zheng et al., arXiv
-2507.18071) is the code's USE_GSPO=true branch, for the paper's GSPO rows; eps_high > eps is DAPO's
-"clip-higher" (docs/departures.md, "Loss options"). Departures from the official code (each a bug
-fix or a guard; the defaults otherwise match it): docs/departures.md, P4, P13-P15, P31. The metrics'
-official keys: docs/training.md. Run `python grpo.py` for a demo on toy tensors. At the end, off by
-default: CalibAdv's calibrated advantages (train.py --calib-adv), a published cure for the collapse.
+"ppo-clip" is the default; "gspo" (arXiv 2507.18071) is the code's USE_GSPO=true branch; eps_high >
+eps is DAPO's clip-higher. At the end, off by default: CalibAdv's calibrated advantages (train.py
+--calib-adv). Departures: docs/departures.md. Run `python grpo.py` for a demo on toy tensors.
 """
 
 import torch

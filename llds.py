@@ -14,14 +14,10 @@ lost likelihood:
 
 i -> row, t -> action (`action_segments`: a run of 1s in `loss_mask`), k -> token of the action;
 Delta -> `delta`, Y_pre -> `keep`, w -> `weight` (LLDS-MA, Eq. 5: beta on the final answer span, 1
-elsewhere; `ma_beta`). The gate is detached (as dp_actor.py:382 detaches it): the gradient of lambda
-* L_LLDS is -lambda / norm * grad(logp) on gated tokens with Delta > 0, and zero elsewhere, a pure
-likelihood pull. Gates (`gate=`): "action" (LLDS-A, v2 default, Eq. 4), "response" (Eq. 10, the v1
-method), "token" (Eq. 9, no gate). Normalisers (`norm=`): "code" (default; it produced the published
-numbers) divides by all unmasked response tokens; "paper" as Eqs. 4, 9, 10 typeset it. Also here:
-the paper's likelihood diagnostics (Eq. 2, Figs. 2, 5) and an alarm on the death spiral's phases
-(Sec. 5.1). Departures from the official code (verl/workers/actor/dp_actor.py, commit 6453f61):
-docs/departures.md, P14, P28, P31-P33. Run `python llds.py` for a demo on toy tensors.
+elsewhere; `ma_beta`). The gate is detached (dp_actor.py:382): a pure likelihood pull. Gates:
+"action" (Eq. 4, default), "response" (Eq. 10), "token" (Eq. 9); normalisers "code" (default) or
+"paper". Also the likelihood diagnostics (Eq. 2, Figs. 2, 5) and the spiral's phase alarm (5.1).
+Departures: docs/departures.md. Run `python llds.py` for a demo on toy tensors.
 """
 
 import torch

@@ -1,22 +1,15 @@
 """Search a passage corpus, in this process or over HTTP: the search engine behind the agent's
 <search> calls.
 
-`BM25Retriever` indexes a jsonl corpus (D passages) in this process with BM25 (bm25.py: Lucene's
-scoring by default, as pyserini, or rank-bm25's Okapi), which scores a query q against each passage
-d as (w in q: its words, repeats count)
+`BM25Retriever` indexes a jsonl corpus in this process with BM25 (machinery/bm25.py: Lucene's
+scoring by default, as pyserini, or rank-bm25's Okapi), scoring a query q against a passage d as
     s(q, d) = sum_{w in q} idf(w) * g * tf(w, d) / (tf(w, d) + k1 * (1 - b + b * |d| / avgdl))
-and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores (g,
-idf: bm25.py). `RemoteRetriever` asks a server that speaks Search-R1's /retrieve API instead: ours
-(scripts/retrieval_server.py), or Search-R1's own e5/faiss or pyserini server for paper-scale
-corpora (wiki-18, 21M passages; the paper retrieves with E5; the client: machinery/remote.py). Both
-give rollout.rollout its `search(queries, topk) -> hits per query`; `make_retriever` picks one.
-
-Matches Search-R1's `search_r1/search/retrieval_server.py` (BM25 path) and its API: POST /retrieve
-{"queries": [str], "topk": int, "return_scores": bool} -> {"result": [[{"document": corpus row,
-"score": float}, ...] per query]}, or [[document, ...] per query] without scores; corpus rows are
-{"id": str, "contents": '"Title"\\ntext'} (data.load_corpus). The model sees the hits as
-rollout.format_passages writes them (Search-R1's `_passages2string`). Departures (hits and scores
-aligned, only scores > 0, ties by passage order): docs/departures.md, P23, P36-P38.
+and `search` returns the <= topk passages of highest s(q, d) > 0, best first, with their scores.
+`RemoteRetriever` (machinery/remote.py) asks a server with Search-R1's /retrieve API instead, for
+paper-scale corpora (wiki-18; the paper retrieves with E5). Both give rollout.rollout its
+`search(queries, topk) -> hits per query`; `make_retriever` picks one. Matches Search-R1's
+`search_r1/search/retrieval_server.py` (BM25 path) and its API; corpus rows are {"id", "contents":
+'"Title"\\ntext'}; departures: docs/departures.md.
 
     python retriever.py                                   # a demo on a built-in 5-passage corpus
     python retriever.py --corpus CORPUS.jsonl "who founded X" ["another query" ...] [--topk 3] \

@@ -11,12 +11,9 @@ executed. The reward is r_i = EM(the last <answer> of the model's own actions, t
 is 1 on the tokens of the y_t, 0 on those of the o_t.
 
 Every row of a batch is one trajectory; the G trajectories of a prompt are contiguous and share
-`group_id`, a per-batch prompt number (never a dataset row index, P4). Letters: B = prompts x G
-rows, T = response tokens. `rollout` takes its engine (`generate`, engine.py) and its `search`
-(retriever.py) as callables. Departures from Search-R1 (each fixes a bug listed in
-docs/pitfalls.md): docs/departures.md, P1-P28; an engine must keep P16, P17, P30. Run `python
-rollout.py` for a demo of the reward and the observation format (seconds, no model); evaluate.py
-rolls out a real model on real questions.
+`group_id`, a per-batch prompt number (never a dataset row index, P4). `rollout` takes its engine
+(`generate`, machinery/engine.py) and its `search` (retriever.py) as callables. Departures:
+docs/departures.md. Run `python rollout.py` for a demo of the reward and the observation format.
 """
 
 import re
