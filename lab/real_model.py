@@ -10,6 +10,7 @@ interval of a run's greedy held-out EM minus the warm start's, over the same que
     python lab/real_model.py rows results/real_model/pilot_*             # markdown rows
     python lab/real_model.py em --base warm_eval.jsonl run1_eval.jsonl ... # evaluate.py's records files
     python lab/real_model.py copy runs/rm/NAME ... --to results/real_model  # metrics.jsonl + args.json, no rollouts
+    python lab/real_model.py figure OUT.png "toy=RUN,RUN,..." "SmolLM2=RUN,..." # mean and band per lambda
 """
 
 import argparse
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # repo, lab/
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent),
+                str(Path(__file__).resolve().parents[1] / "scripts")]  # repo, lab/, scripts/ (plot_run)
 
 from spiral import measures  # noqa: E402
 
@@ -128,6 +130,58 @@ def copy(runs: list[Path], to: Path) -> None:
             shutil.copy(run / f, to / run.name / f)
 
 
+def figure(columns: list[str], out) -> Path:
+    """Part 5's figure: one column per "TITLE=RUN[,RUN...]" (the toy's runs, the real model's), two rows: the reward
+    and the fixed correct probe responses' likelihood change since step 0 (`probe/dlogp_correct`, nats/token). In
+    each panel the runs are grouped by their lambda (args.json `llds`): the mean over the group's runs as a line, their
+    range (min to max at each step) as a band; each panel keeps its own scale. Writes a PNG and returns its path.
+    Raises ValueError on a column without '=' and FileNotFoundError on a folder that is not a run."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plot_run
+
+    cols = []
+    for c in columns:
+        if "=" not in c:
+            raise ValueError(f"figure: {c!r} is not TITLE=RUN[,RUN...]")
+        title, runs = c.split("=", 1)
+        cols.append((title, [Path(r) for r in runs.split(",")]))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(2, len(cols), figsize=(5.5 * len(cols), 7), squeeze=False, layout="constrained")
+    for j, (title, runs) in enumerate(cols):
+        groups = {}
+        for run in runs:
+            args, history = read(run)
+            groups.setdefault(float(args.get("llds", 0.0)), []).append(history)
+        for ax, key, ylabel in zip(axes[:, j], ("rollout/reward", "probe/dlogp_correct"),
+                                   ("reward (EM of the step's samples)", "correct probe: Δ log π, nats/token")):
+            for i, (lam, histories) in enumerate(sorted(groups.items())):
+                by_step = {}
+                for history in histories:
+                    for x, y in zip(*plot_run.series(history, key)):
+                        by_step.setdefault(x, []).append(y)
+                xs = sorted(by_step)
+                name = "GRPO" if lam == 0 else "GRPO + LLDS"
+                ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs],
+                                color=palette[i % len(palette)], alpha=0.2, lw=0)
+                ax.plot(xs, [sum(by_step[x]) / len(by_step[x]) for x in xs], color=palette[i % len(palette)], lw=2,
+                        label=f"{name} (λ={lam:g}): mean of {len(histories)} runs, band min-max")
+            ax.set_ylabel(ylabel, fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0, j].set_title(title)
+        axes[0, j].legend(fontsize=8, frameon=False)
+        axes[-1, j].set_xlabel("training step")
+        axes[-1, j].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -138,14 +192,19 @@ def main(argv=None):
     c = sub.add_parser("copy", help="metrics.jsonl and args.json of each run, into --to/<run>/")
     c.add_argument("runs", nargs="+", type=Path)
     c.add_argument("--to", type=Path, required=True)
+    f = sub.add_parser("figure", help="toy and real model side by side: reward and correct probe, band per lambda")
+    f.add_argument("out", type=Path)
+    f.add_argument("columns", nargs="+", help="TITLE=RUN[,RUN...], one per column")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "rows":
             print(rows_table(a.runs))
         elif a.cmd == "em":
             print(em_table(a.base, a.runs))
-        else:
+        elif a.cmd == "copy":
             copy(a.runs, a.to)
+        else:
+            print(f"wrote {figure(a.columns, a.out)}")
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(str(err)) from None
 

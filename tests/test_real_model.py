@@ -70,3 +70,32 @@ def test_em_table_pairs_by_question_and_bad_input_is_one_line(tmp_path):
         R.main(["em", "--base", str(base), str(tmp_path / "bad.jsonl")])
     with pytest.raises(SystemExit, match="args.json: not found"):
         R.main(["rows", str(tmp_path)])
+
+
+def test_figure_puts_the_toy_beside_the_real_model_a_band_per_lambda(tmp_path, capsys):
+    """figure OUT TITLE=RUN,... : a 5.5 x 7-inch column per title at 100 dpi (two: 1100 x 700 px); runs of one lambda
+    drawn as one mean line and band; a column without '=' or a folder that is not a run is one line."""
+    from PIL import Image
+
+    runs = {(lam, s): write_run(tmp_path / f"l{lam}_s{s}", [0.3 - 0.01 * s * k for k in range(10)], [0.5] * 10,
+                                llds=lam) for lam in (0.0, 0.2) for s in range(3)}
+    toy = ",".join(str(runs[0.0, s]) for s in range(3)) + "," + ",".join(str(runs[0.2, s]) for s in range(3))
+    out = tmp_path / "fig.png"
+    R.main(["figure", str(out), f"toy={toy}", f"real={runs[0.0, 0]},{runs[0.2, 0]}"])
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    assert Image.open(out).size == (1100, 700)
+    import matplotlib.pyplot as plt
+
+    seen = []
+    real_plot = plt.Axes.plot
+    plt.Axes.plot = lambda self, *a, **k: seen.append(k.get("label")) or real_plot(self, *a, **k)
+    try:
+        R.figure([f"toy={toy}"], tmp_path / "one.png")
+    finally:
+        plt.Axes.plot = real_plot
+    labels = ["GRPO (λ=0): mean of 3 runs, band min-max", "GRPO + LLDS (λ=0.2): mean of 3 runs, band min-max"]
+    assert seen == labels * 2  # a line per lambda in each of the two panels
+    with pytest.raises(SystemExit, match="is not TITLE=RUN"):
+        R.main(["figure", str(out), str(runs[0.0, 0])])
+    with pytest.raises(SystemExit, match="args.json: not found"):
+        R.main(["figure", str(out), f"x={tmp_path}"])
