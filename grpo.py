@@ -1,5 +1,4 @@
-"""GRPO: group-relative advantages and the clipped, KL-regularised policy loss, as the LLDS /
-Search-R1 code runs it.
+"""GRPO: group-relative advantages and the clipped, KL-regularised policy loss as Search-R1 runs it.
 
 Deng et al., arXiv 2512.04220, v2 Eq. 1, as the official code (a veRL 0.1 fork; line numbers at its
 commit ab05c96) computes it: core_algos.py compute_grpo_outcome_advantage / compute_policy_loss

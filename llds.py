@@ -1,5 +1,4 @@
-"""LLDS: the likelihood-preserving regulariser of Deng et al., arXiv 2512.04220 (v2 Sec. 5.5, Eqs.
-4, 5, 6, 9, 10).
+"""LLDS: the likelihood-preserving regulariser of Deng et al., arXiv 2512.04220 (v2 Sec. 5.5).
 
 GRPO in tool-use RL lowers the likelihood of *correct* responses too ("lazy likelihood
 displacement"); once that starts, it feeds on itself and training collapses. LLDS pulls back up the
