@@ -24,7 +24,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent),
                 str(Path(__file__).resolve().parents[1] / "scripts")]  # repo, lab/, scripts/ (plot_run)
 
-from spiral import measures  # noqa: E402
+from spiral import figure_columns, measures  # noqa: E402
 
 SIGNAL = 0.8  # a collapse is driven by the policy gradient if at least this share of the steps before it held a
 # mixed group (a group whose rewards differ: its advantages are not all 0)
@@ -143,12 +143,7 @@ def figure(columns: list[str], out) -> Path:
     import matplotlib.pyplot as plt
     import plot_run
 
-    cols = []
-    for c in columns:
-        if "=" not in c:
-            raise ValueError(f"figure: {c!r} is not TITLE=RUN[,RUN...]")
-        title, runs = c.split("=", 1)
-        cols.append((title, [Path(r) for r in runs.split(",")]))
+    cols = figure_columns(columns, "figure")
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(2, len(cols), figsize=(5.5 * len(cols), 7), squeeze=False, layout="constrained")
     for j, (title, runs) in enumerate(cols):

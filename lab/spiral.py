@@ -306,6 +306,17 @@ def delta_tables(paths: list[str]) -> list[str]:
     return lines
 
 
+def figure_columns(columns: list[str], flag: str) -> list[tuple[str, list[Path]]]:
+    """[(title, [run folders])] of "TITLE=RUN[,RUN...]" strings; ValueError naming `flag` on one without '='."""
+    cols = []
+    for c in columns:
+        if "=" not in c:
+            raise ValueError(f"{flag}: {c!r} is not TITLE=RUN[,RUN...]")
+        title, runs = c.split("=", 1)
+        cols.append((title, [Path(r) for r in runs.split(",")]))
+    return cols
+
+
 def probe_figure(columns: list[str], out) -> Path:
     """Side by side, one column per "TITLE=RUN[,RUN...]" (a world's runs, a model's runs): the reward, and the fixed
     probe responses' likelihood change since step 0 (probe/dlogp_*, nats/token: Def. A.3's quantity), correct and
@@ -318,12 +329,7 @@ def probe_figure(columns: list[str], out) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = []
-    for c in columns:
-        if "=" not in c:
-            raise ValueError(f"--probe-figure: {c!r} is not TITLE=RUN[,RUN...]")
-        title, runs = c.split("=", 1)
-        cols.append((title, [Path(r) for r in runs.split(",")]))
+    cols = figure_columns(columns, "--probe-figure")
     keys = (("rollout/reward", "reward (EM, the step's samples)"),
             ("probe/dlogp_correct", "correct probe: Δ log π, nats/token"),
             ("probe/dlogp_incorrect", "incorrect probe: Δ log π, nats/token"))
