@@ -318,80 +318,22 @@ REDUCE = {
 # CalibAdv (Wu et al., "Negative Advantage Is a Double-Edged Sword", arXiv 2604.18235): calibrated
 # advantages, a cure for GRPO's collapse on search that is off by default (train.py --calib-adv 0).
 # Its official code (wujwyi/CalibAdv at 6ae1c4e; read, not run) scores each search turn of a
-# response by the group's "silver" passages it found (main_ppo_format.py:512-590), softens the
-# negative advantage of the turns that found them (core_algos.py:1187-1210), then rescales the
-# answer turns of each group so that their positive and negative advantages balance
-# (advantage_scale, core_algos.py:501-547). results/fixes/sources.md has what was read.
-
-
-def word_edit_similarity(a: str, b: str) -> float:
-    """1 - (Levenshtein distance between the word lists) / (the longer list's length); 0 when both
-    are empty (main_ppo_format.py:207-211, which calls Levenshtein.distance on a.split() and
-    b.split())."""
-    w1, w2 = a.split(), b.split()
-    if not (w1 or w2):
-        return 0.0
-    prev = list(range(len(w2) + 1))  # edit distance of w1[:0] to each prefix of w2
-    for i, x in enumerate(w1, 1):
-        cur = [i]
-        for j, y in enumerate(w2, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return 1.0 - prev[-1] / max(len(w1), len(w2))
-
-
-# main_ppo_format.py lines 520, 572, 590
-CALIB_SILVER_F1, CALIB_THINK_SIM, CALIB_NONE = 0.7, 0.5, 1e-6
-
-
-def calibadv_turn_scores(docs: list, thinks: list, f1: list, format_ok: list,
-                         group_ids: list) -> list[list[float]]:
-    """The step score s_ik of each search turn k of each response i (the code's
-    query_score_calculator "old").
-
-    docs[i][k]: the ids of the passages search k of response i returned; thinks[i][k]: the <think>
-    text before search k; f1[i]: its answer's token F1; format_ok[i]: a well-formed response that
-    answered. A group's silver passages are those returned to its best-F1 well-formed responses with
-    F1 >= 0.7 (ties pool theirs); s_ik = (silver passages of turn k not returned earlier in response
-    i) / (passages of turn k), and 1e-6 ("no score": the turn keeps its advantage) when that count
-    is 0, when turn k's think is more than 0.5 word-edit-similar to an earlier think, or when turn k
-    shares more than one passage with an earlier turn. A response that is not well formed, or whose
-    group has no silver passage, gets [] (no turn is scored). Returns B lists, one float per search.
-    """
-    best, silver = {}, {}
-    for d, f, ok, g in zip(docs, f1, format_ok, group_ids, strict=True):
-        if ok and f >= CALIB_SILVER_F1 and f >= best.get(g, f):
-            if f > best.get(g, f):
-                silver[g] = set()  # a better response: its passages replace the silver set so far
-            best[g] = f
-            silver.setdefault(g, set()).update(p for turn in d for p in turn)
-    scores = []
-    for d, t, ok, g in zip(docs, thinks, format_ok, group_ids):
-        if not ok or g not in silver:
-            scores.append([])
-            continue
-        seen, row = set(), []
-        for k, turn in enumerate(d):
-            good = sum(p in silver[g] and p not in seen for p in turn)
-            seen.update(turn)
-            if any(word_edit_similarity(t[k], earlier) > CALIB_THINK_SIM for earlier in t[:k]) or \
-                    any(len(set(turn) & set(earlier)) > 1 for earlier in d[:k]):
-                good = 0
-            row.append(good / len(turn) if good else CALIB_NONE)
-        scores.append(row)
-    return scores
+# response by the group's "silver" passages it found (machinery/calibadv.py: main_ppo_format.py:
+# 512-590), softens the negative advantage of the turns that found them (core_algos.py:1187-1210),
+# then rescales the answer turns of each group so that their positive and negative advantages
+# balance (advantage_scale, core_algos.py:501-547). results/fixes/sources.md has what was read.
 
 
 def calibadv_advantages(adv: torch.Tensor, loss_mask: torch.Tensor, group_ids: list,
                         turn_scores: list,
                         target_ratio: float = 1.0) -> torch.Tensor:
     """Token advantages [B, T] from the response advantages adv [B] (group_advantages) and the turn
-    scores (calibadv_turn_scores); loss_mask [B, T], whose k-th run of 1s is the policy's k-th
-    action (its last: the answer).
+    scores turn_scores[i][k] = s_ik in [0, 1] (machinery/calibadv.py); loss_mask [B, T], whose k-th
+    run of 1s is the policy's k-th action (its last: the answer).
 
-    1. A response with A_i < 0: the tokens of its search turn k get A_i * (1 - s_ik) where s_ik >
-       1e-6 (a search that found the group's silver passages is punished less); its other tokens
-       keep A_i. Positive responses keep A_i.
+    1. A response with A_i < 0: the tokens of its search turn k get A_i * (1 - s_ik) (a search
+       that found the group's silver passages is punished less; s_ik = 0, no score, keeps A_i);
+       its other tokens keep A_i. Positive responses keep A_i.
     2. Per group, on each response's last action: P = the sum of its positive token advantages, N of
        its negative ones; all of them 0 if P or N is 0, else the positive ones times -N / (P *
        target_ratio) (the group's answer tokens then pull up exactly as hard as they push down, at
@@ -415,9 +357,8 @@ def calibadv_advantages(adv: torch.Tensor, loss_mask: torch.Tensor, group_ids: l
     tok = adv.float()[:, None] * mask  # [B, T]
     for i, row in enumerate(turn_scores):
         if adv[i] < 0:
-            for k, s in enumerate(row, 1):
-                if s > CALIB_NONE:
-                    tok[i][seg[i] == k] = adv[i].float() * (1.0 - s)
+            for k, s in enumerate(row, 1):  # s = 0: the turn keeps A_i exactly
+                tok[i][seg[i] == k] = adv[i].float() * (1.0 - s)
     # [B, T] each response's last action
     last = (seg == seg.max(dim=1, keepdim=True).values) & (seg > 0)
     for g in dict.fromkeys(group_ids):
@@ -432,34 +373,6 @@ def calibadv_advantages(adv: torch.Tensor, loss_mask: torch.Tensor, group_ids: l
         else:
             tok[pos] = tok[pos] * (-n / (p * target_ratio))
     return tok
-
-
-def calibadv_episodes(episodes, adv: torch.Tensor, batch: dict, tokenizer, target_ratio: float, f1):
-    """calibadv_advantages [B, T] (None if target_ratio is 0: off) for rollout.Episode objects and
-    their collated batch (its loss_mask [B, T]): each search's passage ids (Episode.retrieved), the
-    <think> of each action (decoded from its run of loss_mask 1s), the answer's F1 (`f1(answer,
-    golden_answers)`: rollout.f1_score) and whether the response is well formed (it answered,
-    searched, and every action was valid: our reading of the code's format check,
-    qa_em_format.is_valid_sequence, which also parses the tags' order)."""
-    if not target_ratio:
-        return None
-    docs = [[[h["document"]["id"] for h in hits] for hits in e.retrieved] for e in episodes]
-    thinks = []
-    for e in episodes:
-        row, mask = [], e.loss_mask + [0]
-        for a in (i for i in range(len(e.loss_mask)) if mask[i] and (i == 0 or not mask[i - 1])):
-            text = tokenizer.decode(e.response_ids[a:mask.index(0, a)])
-            start, end = text.find("<think>"), text.find("</think>")
-            row.append(text[start + len("<think>"):end].strip() if 0 <= start < end else "")
-        thinks.append(row + [""] * len(e.retrieved))  # a search whose action had no think: ""
-    ok = [
-        e.answer is not None and e.num_searches > 0 and e.num_valid_actions == e.num_turns
-        for e in episodes
-    ]
-    ids = [e.group_id for e in episodes]
-    scores = calibadv_turn_scores(docs, thinks, [f1(e.answer, e.golden_answers) for e in episodes],
-                                  ok, ids)
-    return calibadv_advantages(adv, batch["loss_mask"], ids, scores, target_ratio)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def em_check(prediction: str | None, golden_answers) -> float:
 def f1_score(prediction: str | None, golden_answers) -> float:
     """Token F1 over normalize_answer tokens, max over golds (SQuAD v1.1 / FlashRAG F1_Score;
     evaluate.py's column, and the answer score of CalibAdv's silver passages,
-    grpo.calibadv_turn_scores).
+    machinery/calibadv.py).
 
     F1 = 2 P R / (P + R), P = |common| / |pred tokens|, R = |common| / |gold tokens| (multiset
     overlap). As FlashRAG (and HotpotQA's official script): a "yes"/"no"/"noanswer" on either side

@@ -31,14 +31,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from grpo import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, group_advantages, grpo_loss
-from grpo import REDUCE as GRPO_REDUCE, calibadv_episodes
+from grpo import REDUCE as GRPO_REDUCE, calibadv_advantages
 from llds import GATES, MA_SCHEDULES, NORMS, lld_alarm, llds_loss, ma_weight
 from llds import REDUCE as LLDS_REDUCE, likelihood_diagnostics, official_metrics
 from probe import FixedProbe
 from retriever import BM25_VARIANTS, make_retriever
 from rollout import STOP_STRINGS, check_obs_budget, episode_stats, f1_score, longest_prompt
 from rollout import rollout, rollout_metrics
-from machinery import checkpoint
+from machinery import calibadv, checkpoint
 from machinery.checkpoint import restore, save_checkpoint
 from machinery.data import load_questions, missing_input, next_prompts
 from machinery.engine import DECODE_LAYOUTS, GENERATORS, decode_option, diverged_sampling
@@ -202,7 +202,10 @@ def main(args: Args, rerun: str = ""):
                 later_old_logp = logp_pass(model, batch, args, vocab_size, world, skip_first=True)
                 ref_logp = logp_pass(run.ref(), batch, args, vocab_size, world) if run.ref else None
             weight, ma_metrics = llds_ma_weight(episodes, batch["answer_mask"], args)  # Eq. 5/None
-            pg_adv = calibadv_episodes(episodes, adv, batch, tokenizer, args.calib_adv, f1_score)
+            pg_adv = calibadv_advantages(  # CalibAdv's token advantages [B, T]; off: None
+                adv, batch["loss_mask"], [e.group_id for e in episodes],
+                calibadv.episode_turn_scores(episodes, tokenizer, f1_score),
+                args.calib_adv) if args.calib_adv else None
             t_update = clock(device)
             # 4. loss = L_GRPO + lambda * L_LLDS (Eq. 6), one optimizer step per mini-batch
             per_mini, grad_norms, stepped, old_logp = update(  # mini-batch: this rank's share

@@ -11,6 +11,7 @@ probe.py, its instrument); this package holds what they need and the paper does 
     fsdp.py        sharding over ranks (torch FSDP2)
     memory.py      the memory plan: rows per generation batch and per update micro-batch
     paper.py       the paper's reported figures, for comparisons
+    calibadv.py    CalibAdv's turn scores from a rollout's episodes (grpo.calibadv_advantages uses them)
     tracking.py    metrics to tensorboard / wandb
 
 Its modules import each other and never a file of the root. Demos run as modules: `python -m

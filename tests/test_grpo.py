@@ -18,6 +18,7 @@ from torch.testing import assert_close  # noqa: E402
 
 from grpo import POLICY_LOSSES, aggregate, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3  # noqa: E402
 import grpo  # noqa: E402
+from machinery import calibadv  # noqa: E402
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -646,7 +647,7 @@ def test_group_ids_may_be_a_tensor_and_adv_must_be_b_or_b_t():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# CalibAdv (issue 49): grpo.calibadv_turn_scores, grpo.calibadv_advantages, grpo.word_edit_similarity
+# CalibAdv (issue 49): machinery.calibadv.turn_scores and word_edit_similarity, grpo.calibadv_advantages
 
 
 def calib_mask(actions, T=10):
@@ -672,16 +673,16 @@ def test_calibadv_turn_scores_by_hand():
     f1 = [1.0, 1.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.5]
     ok = [True] * 6 + [False, True]
     ids = ["q"] * 7 + ["z"]
-    got = grpo.calibadv_turn_scores(docs, thinks, f1, ok, ids)
-    none = grpo.CALIB_NONE
+    got = calibadv.turn_scores(docs, thinks, f1, ok, ids)
+    none = 0.0  # no score: the turn keeps its advantage
     want = [[1.0, 1.0], [1.0], [2 / 3], [1 / 3, 1 / 3], [2 / 3, none], [none, none], [], []]
     assert [len(r) for r in got] == [len(r) for r in want]
     for g, w in zip(got, want):
         assert g == pytest.approx(w)
     # word-level edit similarity: 1 - 1 insertion / 6 words
-    assert grpo.word_edit_similarity("find the capital of France", "find the capital of France now") == \
+    assert calibadv.word_edit_similarity("find the capital of France", "find the capital of France now") == \
         pytest.approx(1 - 1 / 6)
-    assert grpo.word_edit_similarity("", "") == pytest.approx(0.0, abs=1e-12)
+    assert calibadv.word_edit_similarity("", "") == pytest.approx(0.0, abs=1e-12)
 
 
 def test_calibadv_advantages_by_hand():
@@ -689,12 +690,12 @@ def test_calibadv_advantages_by_hand():
     # tokens 0-1, a passage on 2-3 (mask 0), search 2 on 4-5, a passage on 6-7, the answer on 8-9
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["q"] * 4)
     mask = calib_mask([[(0, 2), (4, 6), (8, 10)]] * 4)
-    scores = [[1.0, 1.0], [2 / 3, grpo.CALIB_NONE], [], [1.0, 1 / 3]]
+    scores = [[1.0, 1.0], [2 / 3, 0.0], [], [1.0, 1 / 3]]
     tok = grpo.calibadv_advantages(adv, mask, ["q"] * 4, scores, target_ratio=2.0)
     a, b = adv[0].item(), adv[1].item()
     want = torch.tensor([
         [a, a, 0, 0, a, a, 0, 0, a / 2, a / 2],  # positive: searches unchanged; answer x -N / (P * 2) = 3b' / (2a * 2)
-        [b / 3, b / 3, 0, 0, b, b, 0, 0, b, b],  # s 2/3: b (1 - 2/3); the 1e-6 turn keeps b
+        [b / 3, b / 3, 0, 0, b, b, 0, 0, b, b],  # s 2/3: b (1 - 2/3); the unscored turn keeps b
         [b, b, 0, 0, b, b, 0, 0, b, b],  # no scores: unchanged
         [0, 0, 0, 0, 2 * b / 3, 2 * b / 3, 0, 0, b, b]])  # s 1: no penalty at all on that search
     # the answer tokens: P = 2a, N = 6b; -N / (P * 2) = -6b / (4a) = 0.5 here (a = 1.5, b = -0.5, to float32 eps)

@@ -23,7 +23,7 @@ CAPS = {}
 M = "machinery."
 GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywhere in it: its demo included)
     "train": {"grpo", "llds", "probe", "retriever", "rollout", *(M + m for m in (
-        "checkpoint", "data", "engine", "fsdp", "memory", "policy", "run", "tracking"))},
+        "calibadv", "checkpoint", "data", "engine", "fsdp", "memory", "policy", "run", "tracking"))},
     "probe": {"grpo", "llds", "retriever", "rollout", *(M + m for m in (
         "checkpoint", "data", "engine", "fsdp", "policy"))},
     "evaluate": {"retriever", "rollout", *(M + m for m in (
@@ -38,7 +38,8 @@ GRAPH = {  # file -> the files of the root and of machinery/ it imports (anywher
     M + "bm25": set(),  # and its compiled search, machinery/bm25_numba/topk.py
     M + "run": {M + "checkpoint", M + "fsdp"},
     M + "engine": {M + "kv_layout"},
-    **{M + m: set() for m in ("checkpoint", "data", "fsdp", "kv_layout", "memory", "paper", "remote", "tracking")},
+    **{M + m: set() for m in (
+        "calibadv", "checkpoint", "data", "fsdp", "kv_layout", "memory", "paper", "remote", "tracking")},
 }
 # The rooms beside the top-level files: what each holds, and the rooms whose files its own files import (a room's file
 # puts those folders on sys.path; tests: its helpers, tiny.py and hang.py, not the test files, which nothing imports).

@@ -669,24 +669,27 @@ def test_reference_dtype_auto_is_bf16_only_where_bf16_is_fast(monkeypatch, files
 
 
 def test_calib_adv_gives_the_policy_gradient_calibadvs_token_advantages(files, monkeypatch):
-    """--calib-adv (issue 49): each step's episodes go through grpo.calibadv_episodes, whose [B, T] advantages reach
-    the policy-gradient term (LLDS keeps the response advantages); off (0, the default) it is not called."""
+    """--calib-adv (issue 49): each step's episodes' turn scores (machinery.calibadv) go through grpo.calibadv_advantages,
+    whose [B, T] advantages reach the policy-gradient term (LLDS keeps the response advantages); off (0, the default)
+    it is not called."""
+
     import train
 
-    seen, real = [], train.calibadv_episodes
+    seen, real = [], train.calibadv_advantages
 
-    def watch(episodes, adv, batch, tokenizer, target_ratio, f1):
-        out = real(episodes, adv, batch, tokenizer, target_ratio, f1)
-        seen.append((target_ratio, None if out is None else tuple(out.shape), tuple(batch["loss_mask"].shape)))
+    def watch(adv, loss_mask, group_ids, turn_scores, target_ratio):
+        out = real(adv, loss_mask, group_ids, turn_scores, target_ratio)
+        seen.append((target_ratio, tuple(out.shape), tuple(loss_mask.shape), len(turn_scores)))
         return out
 
-    monkeypatch.setattr(train, "calibadv_episodes", watch)
+    monkeypatch.setattr(train, "calibadv_advantages", watch)
     rows = train_in_process(files, files["dir"] / "calib", "--steps", "2", "--calib-adv", "1.0")
     assert len(rows) == 2 and all(math.isfinite(m["grpo/pg_loss"]) for m in rows)
-    assert [(r, out == mask) for r, out, mask in seen] == [(1.0, True), (1.0, True)]  # exact: the flag, passed on
+    # exact: the flag, passed on, and one score list a trajectory
+    assert [(r, out == mask, n == mask[0]) for r, out, mask, n in seen] == [(1.0, True, True)] * 2
     seen.clear()
     train_in_process(files, files["dir"] / "calib_off", "--steps", "1")
-    assert seen == [(0.0, None, seen[0][2])]  # exact: the default flag, passed on
+    assert seen == []  # off by default: never called
 
 
 def test_the_probe_costs_a_tenth_of_a_step_by_default():
