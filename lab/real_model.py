@@ -163,7 +163,8 @@ def figure(columns: list[str], out) -> Path:
                 ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs],
                                 color=palette[i % len(palette)], alpha=0.2, lw=0)
                 ax.plot(xs, [sum(by_step[x]) / len(by_step[x]) for x in xs], color=palette[i % len(palette)], lw=2,
-                        label=f"{name} (λ={lam:g}): mean of {len(histories)} runs, band min-max")
+                        label=f"{name} (λ={lam:g}): mean of {len(histories)} run{'s' * (len(histories) > 1)}, "
+                              "band min-max")
             ax.set_ylabel(ylabel, fontsize=9)
             ax.grid(alpha=0.3)
         axes[0, j].set_title(title)
