@@ -36,7 +36,7 @@ CARRY = ROOT / ".carry" / "real_model"  # git ignores .carry/
 WHEELS = ["transformers==5.24.0", "gguf==0.19.0", "rank-bm25==0.2.2", "nltk==3.10.4"]  # what the GPU image lacks
 # The CPU runs' turn settings (results/real_model/PROTOCOL.md), so the GPU's curves read beside them
 TURNS = ["--max-turns", "2", "--max-new-tokens", "48", "--max-obs-tokens", "100"]
-WARM = ["--sft-steps", "40", *TURNS]  # lab/warm_start_qa.py's recipe for the CPU runs' warm start (topk 3 there)
+WARM = ["--sft-steps", "150", *TURNS]  # the CPU grid's warm start: amendment 1's recipe (topk 3 there)
 RL = {  # train.py flags beside TURNS; --lr and --llds come from run's flags
     "gpu": ["--prompts-per-step", "64", "--group-size", "5", "--mini-batch-size", "160", "--topk", "2",
             "--warmup-ratio", "0", "--probe-questions", "8", "--probe-every", "1", "--save-every", "100000",
@@ -240,7 +240,7 @@ def main(argv=None):
     r.add_argument("--work", help="weights and checkpoints (default: a temporary folder, removed at the end)")
     r.add_argument("--budget", type=float, default=480, help="seconds from start after which the runs are stopped")
     r.add_argument("--grace", type=float, default=60, help="seconds a stopped run has to finish its step and save")
-    r.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate of both runs")
+    r.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate of both runs (default: the CPU grid's)")
     r.add_argument("--llds", type=float, default=0.2, help="lambda of the second run (the first is 0)")
     r.add_argument("--seed", type=int, default=0)
     for q in (p, r):
