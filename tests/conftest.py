@@ -6,12 +6,17 @@ from its dtype (float32: rel 1e-5, abs 1e-6; Python floats: pytest.approx's defa
 never with ==, torch.equal or the like, since another CPU rounds vectorised sums differently; a deliberate exact
 comparison (the same computation twice on this machine, a bit-for-bit claim, a setting) ends its line `# exact: <why>`."""
 
+import os
 import pathlib
 import sys
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+# One torch thread in the tests' own processes and the commands they start, unless the caller chose: README's
+# `pytest -n 2` runs two test processes on two cores, and torch's default (a thread per core) then makes the tiny
+# models' many small operations wait on each other's cores (machinery.policy.busy_cpu_note: 5-70x slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser):
