@@ -53,17 +53,6 @@ def test_bad_input_is_one_clear_line():
             "error: no CUDA device: run with --tiny on a CPU"), r.stderr
 
 
-def test_fsdp_on_alone_runs_only_that_row(tmp_path):
-    """--fsdp on: part 3 runs the one-rank torchrun row alone (a lease spends its minutes on what is left)."""
-    out = tmp_path / "x.json"
-    r = hang.run([*SCRIPT, "--tiny", "--fsdp", "on", "--main-prompts", "0", "--out", str(out)],
-                 cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", True)]
-    assert "error" not in report["rows"][0] and report["main"]["error"] == "left out (--main-prompts 0)"
-
-
 REAL = [sys.executable, "gpu/real_model_run.py"]
 
 
@@ -101,15 +90,20 @@ def test_real_model_tiny_pack_and_run(tmp_path):
     assert r.returncode == 1 and "part1: missing" in r.stderr.strip().splitlines()[-1], r.stderr
 
 
-def test_the_decode_part_times_a_step_per_row_count(tmp_path):
-    """Part 6 (issue 51) alone: a decode step per row count, in its own process, on a DynamicCache (eager) and on the
-    cb engine's static layout (static); on a CPU no graph column (CUDA only) and no bandwidth figure, so no floor (a
-    GPU row has floor_ms and x_floor)."""
+def test_fsdp_on_and_the_decode_part_alone(tmp_path):
+    """--fsdp on --parts train decode: part 3 runs the one-rank torchrun row alone (a lease spends its minutes on what
+    is left), and part 6 (issue 51) a decode step per row count, in its own process, on a DynamicCache (eager) and on
+    the cb engine's static layout (static); on a CPU no graph column (CUDA only) and no bandwidth figure, so no floor
+    (a GPU row has floor_ms and x_floor)."""
     out = tmp_path / "x.json"
-    r = hang.run([*SCRIPT, "--tiny", "--parts", "decode", "--main-prompts", "0", "--out", str(out)],
-                 cwd=ROOT, capture_output=True, text=True)
+    r = hang.run([*SCRIPT, "--tiny", "--fsdp", "on", "--parts", "train", "decode", "--main-prompts", "0", "--out",
+                  str(out)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    decode = json.loads(out.read_text())["decode"]["tiny"]
+    report = json.loads(out.read_text())
+    assert [(row["model"], row["fsdp"]) for row in report["rows"]] == [("tiny", True)]
+    assert "error" not in report["rows"][0] and report["main"]["error"] == "left out (--main-prompts 0)"
+    assert report["generation"] == {"error": "left out (--parts)"}
+    decode = report["decode"]["tiny"]
     assert decode["context"] == 64 and [row["rows"] for row in decode["rows"]] == [2, 4]
     assert all(row["eager_ms"] > 0 and row["static_ms"] > 0 and row["floor_ms"] is None and row["graph_ms"] is None
                and row["graph_error"] is None for row in decode["rows"])
