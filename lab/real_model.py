@@ -8,6 +8,7 @@ or was drift; the entropy, searches and KL at the end; the CPU hours. `em` is th
 interval of a run's greedy held-out EM minus the warm start's, over the same questions.
 
     python lab/real_model.py rows results/real_model/pilot_*             # markdown rows
+    python lab/real_model.py verdicts results/real_model/grid_*          # part 3's verdicts, by seed pair
     python lab/real_model.py em --base warm_eval.jsonl run1_eval.jsonl ... # evaluate.py's records files
     python lab/real_model.py copy runs/rm/NAME ... --to results/real_model  # metrics.jsonl + args.json, no rollouts
     python lab/real_model.py figure OUT.png "toy=RUN,RUN,..." "SmolLM2=RUN,..." # mean and band per lambda
@@ -78,6 +79,42 @@ def rows_table(runs: list[Path]) -> str:
             f"{fmt(r['entropy_end'], '.2f')} | {r['searches_end']:.2f} | {fmt(r['kl_end'], '.4f')} | "
             f"{r['cpu_h']:.2f} |")
     return "\n".join(lines)
+
+
+def share_verdict(k: int, n: int, yes: str, no: str) -> str:
+    """The protocol's 2-of-3 rule on k of n cases: `yes` if k >= 2/3 of n, `no` if k <= 1/3 of n, else inconclusive;
+    always with the counts."""
+    word = "not tested" if n == 0 else yes if 3 * k >= 2 * n else no if 3 * k <= n else "inconclusive"
+    return f"{word} ({k} of {n})"
+
+
+def grid_verdicts(runs: list[Path]) -> list[str]:
+    """PROTOCOL.md part 3's verdicts over a grid's runs, lambda 0 against lambda > 0 paired by (lr, seed): the mechanism
+    (plain GRPO collapses in >= 2 runs and the fixed probe's correct onset is at or before the collapse step in >= 2/3
+    of those collapses; refuted at <= 1/3), Def. A.3 (a spiral step at or before the collapse step in >= 2/3 of them),
+    LLDS keeps the probe likelihood up (its final probe/dlogp_correct above lambda 0's in >= 2/3 of the pairs; not at
+    <= 1/3) and LLDS prevents the collapse (at most half lambda 0's collapses, lambda 0 at >= 2). One line each."""
+    rows = [run_row(run) for run in runs]
+    plain, llds = [r for r in rows if r["llds"] == 0], [r for r in rows if r["llds"] > 0]
+    col = [r for r in plain if r["verdict"] == "collapsed"]
+    onset = sum(r["probe_correct"] is not None and r["probe_correct"] <= r["collapse_step"] for r in col)
+    spiral = sum(r["spiral_step"] is not None and r["spiral_step"] <= r["collapse_step"] for r in col)
+    base = {(r["lr"], r["seed"]): r["dlogp_correct_end"] for r in plain}
+    pairs = [(r["dlogp_correct_end"], base[(r["lr"], r["seed"])]) for r in llds if (r["lr"], r["seed"]) in base]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    n_llds = sum(r["verdict"] == "collapsed" for r in llds)
+    mechanism = share_verdict(onset, len(col), "shows", "refuted") if len(col) >= 2 else \
+        f"inconclusive (plain GRPO collapsed in {len(col)} of {len(plain)}, under 2)"
+    prevents = (f"not tested (plain GRPO collapsed in {len(col)} of {len(plain)}, under 2)" if len(col) < 2 else
+                f"{'prevents' if 2 * n_llds <= len(col) else 'does not prevent'} ({n_llds} of {len(llds)} "
+                f"collapsed against plain GRPO's {len(col)} of {len(plain)})")
+    return [f"mechanism (probe onset at or before the collapse): {mechanism}",
+            f"Def. A.3 (spiral step at or before the collapse): {share_verdict(spiral, len(col), 'visible', 'not')}",
+            f"LLDS keeps the probe likelihood up (pairs): "
+            f"{share_verdict(sum(a > b for a, b in pairs), len(pairs), 'keeps', 'does not')}",
+            f"LLDS prevents the collapse: {prevents}"] + \
+        [f"note: the runs differ in length ({sorted({r['steps'] for r in rows})} steps): their ends are compared"] * \
+        (len({r["steps"] for r in rows}) > 1)
 
 
 def paired_bootstrap(base: np.ndarray, run: np.ndarray, n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
@@ -185,6 +222,8 @@ def main(argv=None):
     e = sub.add_parser("em", help="greedy held-out EM against the warm start's, paired bootstrap")
     e.add_argument("--base", type=Path, required=True, help="the warm start's evaluate.py records (.jsonl)")
     e.add_argument("runs", nargs="+", type=Path, help="the runs' evaluate.py records (.jsonl), same questions")
+    sub.add_parser("verdicts", help="the grid's verdicts, lambda 0 against lambda > 0 by seed").add_argument(
+        "runs", nargs="+", type=Path)
     c = sub.add_parser("copy", help="metrics.jsonl and args.json of each run, into --to/<run>/")
     c.add_argument("runs", nargs="+", type=Path)
     c.add_argument("--to", type=Path, required=True)
@@ -195,6 +234,8 @@ def main(argv=None):
     try:
         if a.cmd == "rows":
             print(rows_table(a.runs))
+        elif a.cmd == "verdicts":
+            print("\n".join(grid_verdicts(a.runs)))
         elif a.cmd == "em":
             print(em_table(a.base, a.runs))
         elif a.cmd == "copy":

@@ -15,12 +15,16 @@ sys.path.insert(0, str(ROOT / "lab"))
 import real_model as R  # noqa: E402
 
 
-def write_run(folder: Path, rewards, zero_std, lr=1e-4, llds=0.0) -> Path:
+def write_run(folder: Path, rewards, zero_std, lr=1e-4, llds=0.0, seed=0, dlogp=None) -> Path:
+    """A run's args.json and metrics.jsonl; the fixed probe on even steps: probe/dlogp_correct = dlogp(step) (default
+    -0.01 a step) and probe/logp_correct = -0.5 + that change."""
     folder.mkdir(parents=True)
-    (folder / "args.json").write_text(json.dumps({"lr": lr, "llds": llds, "seed": 0, "entropy_coef": 0.001}))
+    (folder / "args.json").write_text(json.dumps({"lr": lr, "llds": llds, "seed": seed, "entropy_coef": 0.001}))
+    dlogp = dlogp or (lambda s: -0.01 * s)
     rows = [{"step": s, "rollout/reward": r, "rollout/frac_zero_std_groups": z, "rollout/searches_per_traj": 2.0,
              "rollout/valid_action_ratio": 1.0, "grpo/entropy": 0.5, "grpo/kl": 0.01, "perf/step_s": 100.0,
-             "perf/step_cpu_s": 360.0, "probe/dlogp_correct": -0.01 * s if s % 2 == 0 else None}
+             "perf/step_cpu_s": 360.0, "probe/dlogp_correct": dlogp(s) if s % 2 == 0 else None,
+             "probe/logp_correct": -0.5 + dlogp(s) if s % 2 == 0 else None}
             for s, (r, z) in enumerate(zip(rewards, zero_std), start=1)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
@@ -40,6 +44,31 @@ def test_a_collapse_with_signal_and_one_by_drift(tmp_path):
     assert held["verdict"] == "held" and held["driven_by"] is None and held["signal_share"] is None
     table = R.rows_table([tmp_path / "a", tmp_path / "b"])
     assert table.count("\n| a |") == 1 and "| collapsed (6) |" in table and "| drift |" in table
+
+
+def test_grid_verdicts_by_the_protocols_rules(tmp_path):
+    collapsing = [0.4] * 9 + [0.0] * 11  # collapses at step 10
+    held, mixed = [0.4] * 20, [0.5] * 20
+    # the probe on even steps; its onset smooths 3 probes: falls_early's onset is 8 (spiral step 4), falls_late's 12
+    falls_early = lambda s: 0.0 if s < 4 else -0.3 * (s - 2)  # noqa: E731
+    falls_late = lambda s: 0.0 if s < 12 else -0.3 * (s - 10)  # noqa: E731
+    for seed, dlogp in enumerate((falls_early, falls_early, falls_late)):
+        write_run(tmp_path / f"l0_s{seed}", collapsing, mixed, seed=seed, dlogp=dlogp)
+    for seed, (rewards, end) in enumerate(((held, -0.05), (collapsing, -0.05), (held, -9.0))):
+        write_run(tmp_path / f"l2_s{seed}", rewards, mixed, llds=0.2, seed=seed, dlogp=lambda s, e=end: e * s / 20)
+    assert [R.run_row(tmp_path / f"l0_s{k}")["probe_correct"] for k in range(3)] == [8, 8, 12]
+    lines = R.grid_verdicts(sorted(tmp_path.iterdir()))
+    assert lines == ["mechanism (probe onset at or before the collapse): shows (2 of 3)",
+                     "Def. A.3 (spiral step at or before the collapse): visible (2 of 3)",
+                     "LLDS keeps the probe likelihood up (pairs): keeps (2 of 3)",
+                     "LLDS prevents the collapse: prevents (1 of 3 collapsed against plain GRPO's 3 of 3)"]
+    assert R.share_verdict(1, 3, "yes", "no") == "no (1 of 3)"
+    assert R.share_verdict(0, 0, "yes", "no") == "not tested (0 of 0)"
+    assert R.share_verdict(1, 2, "yes", "no") == "inconclusive (1 of 2)"
+    write_run(tmp_path / "short", held[:15], mixed, llds=0.2, seed=2)  # a run cut short is said
+    assert R.grid_verdicts([tmp_path / "l0_s2", tmp_path / "short"])[-1].startswith("note: the runs differ in length")
+    one = R.grid_verdicts([tmp_path / "l0_s0", tmp_path / "l2_s0"])  # plain GRPO collapsed once: nothing to prevent
+    assert one[0].endswith("inconclusive (plain GRPO collapsed in 1 of 1, under 2)") and "not tested" in one[3]
 
 
 def test_paired_bootstrap_by_hand_and_its_limits():
