@@ -12,7 +12,7 @@ Only what the student wrote is graded, and no student code runs where a verdict 
    function is blank except those the exercise uses (`"uses"` in make_assignment.EXERCISES: our reference).
 2. The *plan*: our tests run on our code in a tree of our own, and every call a test makes to an exercise function
    is written down with its inputs only (course/grade_plugin.py).
-3. The *runner*, a separate `python -O` process with a clean environment whose working folder is the tree of step 1
+3. The *runner*, a separate `python` process with a clean environment whose working folder is the tree of step 1
    (no path to this repository, to the grader's scripts, to the tests or to the snapshots), makes the planned calls
    on the student's functions and records what each returned or raised (an exception: its type only). No test runs
    there and no expected value exists there; its output is not read. On Linux it runs in a sandbox (SANDBOX below)
@@ -344,8 +344,8 @@ def _base_env(cpu_s: float) -> dict:
 
 
 def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bool) -> tuple[int | None, str]:
-    """`python [-O] ARGS` in `tree` with grading.json = config, a clean environment, its own session (killed whole at
-    the time limit), its output to a file beside the tree; the runner (-O) in the sandbox where there is one, its
+    """`python ARGS` in `tree` with grading.json = config, a clean environment, its own session (killed whole at
+    the time limit), its output to a file beside the tree; the runner in the sandbox where there is one, its
     record written to an inherited file descriptor (config["record_fd"]; tree/record.jsonl here). Returns (exit code or
     None on timeout, its output's tail: shown to nobody but our own tests)."""
     marker = secrets.token_hex(8)
@@ -355,7 +355,8 @@ def _spawn(tree: Path, args: list[str], config: dict, timeout: float, runner: bo
     env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": str(where / "tests"),
            "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "GRADE_RUN": marker}
-    cmd = [sys.executable, *(["-O"] if runner else []), *args]
+    # no -O for the runner: it finds no .opt-1.pyc files, so it compiled torch anew each time (twice the import's time)
+    cmd = [sys.executable, *args]
     if sandboxed:
         (tree.parent / f"{tree.name}_root").mkdir()
         cmd = unshare() + ["/bin/sh", "-c", SANDBOX, "sandbox", str(tree.parent / f"{tree.name}_root"), str(tree)] + cmd

@@ -4,7 +4,7 @@ the working folder and works in one of three modes:
 * plan (pytest `-p _grading`, our code only): each exercise function is wrapped; every call a test makes to it (not
   the calls the functions make to each other) is written down with its *inputs only* (arguments, which tensors
   require a gradient, a method's object state before the call): the call plan, one JSON line per test.
-* run (the *runner*: `python -O tests/_grading.py`, the student's functions, no pytest, no test file, no snapshot):
+* run (the *runner*: `python tests/_grading.py`, the student's functions, no pytest, no test file, no snapshot):
   each planned call is made on the student's function with the planned inputs, and what it returned or raised is
   written down and, for a returned tensor that has a gradient, its Jacobian with respect to each input tensor that
   requires one (a method: also its object's state after the call). The runner holds inputs only: no expected value
