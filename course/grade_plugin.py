@@ -4,10 +4,10 @@ the working folder and works in one of three modes:
 * plan (pytest `-p _grading`, our code only): each exercise function is wrapped; every call a test makes to it (not
   the calls the functions make to each other) is written down with its *inputs only* (arguments, which tensors
   require a gradient, a method's object state before the call): the call plan, one JSON line per test.
-* run (the *runner*: `python tests/_grading.py`, the student's functions, no pytest, no test file, no snapshot):
-  each planned call is made on the student's function with the planned inputs, and what it returned or raised is
-  written down and, for a returned tensor that has a gradient, its Jacobian with respect to each input tensor that
-  requires one (a method: also its object's state after the call). The runner holds inputs only: no expected value
+* run (the *runner*: this file run by python in the runner's tree; the student's functions, no pytest, no test file,
+  no snapshot): each planned call is made on the student's function with the planned inputs, and what it returned
+  or raised is written down and, for a returned tensor that has a gradient, its Jacobian with respect to each input
+  tensor that requires one (a method: also its object's state after the call). The runner holds inputs only: no expected value
   exists in its process, and it judges nothing.
 * replay (the *judge*: pytest, our code only, never the student's): each exercise function is replaced by a stub that
   hands the test, call by call, what the runner recorded (a tensor with Jacobians has the recorded value and, through
