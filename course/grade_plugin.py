@@ -7,8 +7,8 @@ the working folder and works in one of three modes:
 * run (the *runner*: this file run by python in the runner's tree; the student's functions, no pytest, no test file,
   no snapshot): each planned call is made on the student's function with the planned inputs, and what it returned
   or raised is written down and, for a returned tensor that has a gradient, its Jacobian with respect to each input
-  tensor that requires one (a method: also its object's state after the call). The runner holds inputs only: no expected value
-  exists in its process, and it judges nothing.
+  tensor that requires one (a method: also its object's state after the call). The runner holds inputs only: no
+  expected value exists in its process, and it judges nothing.
 * replay (the *judge*: pytest, our code only, never the student's): each exercise function is replaced by a stub that
   hands the test, call by call, what the runner recorded (a tensor with Jacobians has the recorded value and, through
   autograd, the recorded gradient J^T g), and the test's own assertions decide. The outcome of every test goes to
