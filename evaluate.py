@@ -36,7 +36,7 @@ from machinery.checkpoint import atomic_write
 from machinery.data import load_questions, passage_title
 from machinery.engine import DECODE_LAYOUTS, GENERATORS, decode_option
 from machinery.eval_files import default_out, output_problem, writing_to
-from machinery.paper import PAPER, paper_row, recipe_row
+from machinery.paper import COLUMNS, GEN, MH, compare_lines, recipe_row, table_lines
 from machinery.policy import busy_cpu_note, load_policy
 
 FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
@@ -50,8 +50,6 @@ ALIASES = {"nq": "NQ", "nqopen": "NQ", "triviaqa": "TQA", "tqa": "TQA", "popqa":
            "hotpot": "HotpotQA", "2wikimultihopqa": "2Wiki", "2wiki": "2Wiki", "2wikimqa": "2Wiki",
            # data_source (lower, [a-z0-9]) -> column
            "musique": "Musique", "bamboogle": "Bamb.", "bamb": "Bamb."}
-GEN, MH = ("NQ", "TQA", "PopQA"), ("HotpotQA", "2Wiki", "Musique", "Bamb.")
-COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the column order of the paper's Tables 1-4
 METRICS = ("em", "f1", "sub_em", "searches", "recall")
 
 
@@ -167,64 +165,6 @@ def score_table(records: list[dict]) -> dict:
                     avg[m] = sum(vals) / len(vals)
             table[name] = avg
     return table
-
-
-# --------------------------------------------------------------------------------------------------
-# Printing
-
-
-def _fmt(x, spec=".3f") -> str:
-    return "–" if x is None else format(x, spec)
-
-
-def table_lines(table: dict, topk: int = 3) -> list[str]:
-    """The score table as text: one row per source, then the averages, each naming the sources it
-    covers."""
-    lines = [
-        f"{'data_source':<14}{'n':>6}{'EM':>8}{'F1':>8}{'sub-EM':>8}{'search/q':>10}"
-        f"{f'recall@{topk}':>10}"
-    ]
-    for src, t in table.items():
-        group = GEN if src == "Gen-Avg" else MH if src == "MH-Avg" else ()
-        missing = [c for c in group if c not in t["sources"]]
-        note = (
-            f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})"
-            if missing
-            else ""
-        )
-        # the paper's Avg: each source weighs the same, not each question
-        if src == "average" and len(table) > 2:
-            sources = len(table) - 1 - ("Gen-Avg" in table) - ("MH-Avg" in table)
-            note = f"  (the mean of the {sources} sources)"
-        lines.append(f"{src:<14}{t['n']:>6}" + "".join(f"{_fmt(t.get(m)):>{w}}" for m, w in
-                     (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10),
-                      ("recall", 10))) + note)
-    return lines
-
-
-def compare_lines(table: dict, which: str = "") -> list[str]:
-    """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if
-    ""), in the paper's column order. Our Gen / MH / Avg are means over the paper's sources we ran;
-    a '*' marks one that misses some of them."""
-    em = {c: table[c]["em"] for c in GEN + MH if "em" in table.get(c, {})}
-
-    def mean(cols):  # (value, partial)
-        vals = [em[c] for c in cols if c in em]
-        return (sum(vals) / len(vals), len(vals) < len(cols)) if vals else (None, False)
-
-    ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH),
-                                                        "Avg": mean(GEN + MH)}
-    rows = [which] if which in PAPER else [k for k in PAPER if which.lower() in k.lower()]
-    w = max([24, *(len(k) + 1 for k in rows)])  # the label column
-    lines = [f"{'EM':<{w}}" + "".join(f"{c:>9}" for c in COLUMNS)]
-    lines += [f"{k:<{w}}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in rows]
-    lines.append(
-        f"{'ours':<{w}}"
-        + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS))
-    )
-    if any(partial for _, partial in ours.values()):
-        lines.append("* ours: mean over the sources we ran only (the paper's covers all of them)")
-    return lines
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The paper's Tables 1-4 (arXiv 2512.04220 v2): each row's reported exact match, and for every
-LLDS-related row the train.py settings that reproduce it.
+LLDS-related row the train.py settings that reproduce it; and evaluate.py's printed tables (ours,
+and ours under the paper's rows).
 
 `evaluate.py --compare-paper` prints these rows beside a model's scores; docs/reproducing.md gives
 each recipe as one command, and tests/test_paper.py checks that every command parses to its row's
-settings here. Numbers are in the order of evaluate.COLUMNS: NQ, TQA, PopQA, Gen, HotpotQA, 2Wiki,
+settings here. Numbers are in the order of COLUMNS: NQ, TQA, PopQA, Gen, HotpotQA, 2Wiki,
 Musique, Bamb., MH, Avg.
 
     python -m machinery.paper        # list the rows, and the recipe of each LLDS-related one
@@ -11,6 +12,9 @@ Musique, Bamb., MH, Avg.
 
 import json
 from pathlib import Path
+
+GEN, MH = ("NQ", "TQA", "PopQA"), ("HotpotQA", "2Wiki", "Musique", "Bamb.")
+COLUMNS = (*GEN, "Gen", *MH, "MH", "Avg")  # the column order of the paper's Tables 1-4
 
 # Exact match from arXiv 2512.04220 v2 Table 1 (Qwen2.5-3B) and Table 2 (Qwen2.5-7B), in COLUMNS
 # order; "-" = not run. Printed relative gains are left out: Table 1's 3B-Base +LLDS-MA says
@@ -156,6 +160,63 @@ def recipe_row(model_path) -> tuple[str | None, Path | None]:
             )
             return row, file
     return None, None
+
+
+# --------------------------------------------------------------------------------------------------
+# Printing: evaluate.py's score table, and our row under the paper's
+
+def _fmt(x, spec=".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def table_lines(table: dict, topk: int = 3) -> list[str]:
+    """The score table as text: one row per source, then the averages, each naming the sources it
+    covers."""
+    lines = [
+        f"{'data_source':<14}{'n':>6}{'EM':>8}{'F1':>8}{'sub-EM':>8}{'search/q':>10}"
+        f"{f'recall@{topk}':>10}"
+    ]
+    for src, t in table.items():
+        group = GEN if src == "Gen-Avg" else MH if src == "MH-Avg" else ()
+        missing = [c for c in group if c not in t["sources"]]
+        note = (
+            f"  (over {', '.join(t['sources'])} only; not run: {', '.join(missing)})"
+            if missing
+            else ""
+        )
+        # the paper's Avg: each source weighs the same, not each question
+        if src == "average" and len(table) > 2:
+            sources = len(table) - 1 - ("Gen-Avg" in table) - ("MH-Avg" in table)
+            note = f"  (the mean of the {sources} sources)"
+        lines.append(f"{src:<14}{t['n']:>6}" + "".join(f"{_fmt(t.get(m)):>{w}}" for m, w in
+                     (("em", 8), ("f1", 8), ("sub_em", 8), ("searches", 10),
+                      ("recall", 10))) + note)
+    return lines
+
+
+def compare_lines(table: dict, which: str = "") -> list[str]:
+    """Our EM beside the paper's rows whose label is `which` or, if none is, contains it (all if
+    ""), in the paper's column order. Our Gen / MH / Avg are means over the paper's sources we ran;
+    a '*' marks one that misses some of them."""
+    em = {c: table[c]["em"] for c in GEN + MH if "em" in table.get(c, {})}
+
+    def mean(cols):  # (value, partial)
+        vals = [em[c] for c in cols if c in em]
+        return (sum(vals) / len(vals), len(vals) < len(cols)) if vals else (None, False)
+
+    ours = {c: (em.get(c), False) for c in GEN + MH} | {"Gen": mean(GEN), "MH": mean(MH),
+                                                        "Avg": mean(GEN + MH)}
+    rows = [which] if which in PAPER else [k for k in PAPER if which.lower() in k.lower()]
+    w = max([24, *(len(k) + 1 for k in rows)])  # the label column
+    lines = [f"{'EM':<{w}}" + "".join(f"{c:>9}" for c in COLUMNS)]
+    lines += [f"{k:<{w}}" + "".join(f"{_fmt(v):>9}" for v in paper_row(k)) for k in rows]
+    lines.append(
+        f"{'ours':<{w}}"
+        + "".join(f"{_fmt(v) + '*' * partial:>9}" for v, partial in map(ours.get, COLUMNS))
+    )
+    if any(partial for _, partial in ours.values()):
+        lines.append("* ours: mean over the sources we ran only (the paper's covers all of them)")
+    return lines
 
 
 if __name__ == "__main__":
