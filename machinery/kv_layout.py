@@ -5,7 +5,7 @@ close), so the engine's loop is the same over both:
   DynamicLayout (eager, any device; the default off CUDA): one transformers DynamicCache
     [n, H, W, Dh] per layer, each row compact and right-aligned (its left padding masked), as wide
     as its widest row; a row that leaves takes its columns with it, so shapes change every step.
-  StaticLayout (issue 51; the default on CUDA): fixed slots of a fixed width C, a row's KV in its
+  StaticLayout (the default on CUDA): fixed slots of a fixed width C, a row's KV in its
     slot's first columns, a position per row and a length mask, so that a decode step has the same
     shapes every time: it is captured once per slot count (a power of two) as a CUDA graph and
     replayed (`graphs=True`), or run eagerly (the CPU, where the tests check it against hf).
