@@ -204,10 +204,10 @@ def figure(columns: list[str], out) -> Path:
                               "band min-max")
             ax.set_ylabel(ylabel, fontsize=9)
             ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps
         axes[0, j].set_title(title)
         axes[0, j].legend(fontsize=8, frameon=False)
         axes[-1, j].set_xlabel("training step")
-        axes[-1, j].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
