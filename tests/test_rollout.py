@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LogitsProcessor
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

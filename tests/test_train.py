@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hang  # noqa: E402
-from machinery.data import DEMO_CORPUS  # noqa: E402
 from tiny import build_model, build_tokenizer, save_tiny  # noqa: E402
 from machinery import memory  # noqa: E402
 from machinery import policy  # noqa: E402
