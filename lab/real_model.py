@@ -11,7 +11,7 @@ interval of a run's greedy held-out EM minus the warm start's, over the same que
     python lab/real_model.py verdicts results/real_model/grid_*          # part 3's verdicts, by seed pair
     python lab/real_model.py em --base warm_eval.jsonl run1_eval.jsonl ... # evaluate.py's records files
     python lab/real_model.py copy runs/rm/NAME ... --to results/real_model  # metrics.jsonl + args.json, no rollouts
-    python lab/real_model.py figure OUT.png "toy=RUN,RUN,..." "SmolLM2=RUN,..." # mean and band per lambda
+    python lab/real_model.py figure OUT.png "toy=RUN,RUN,..." "SmolLM2=RUN,..." # mean and band per loss
 """
 
 import argparse
@@ -167,11 +167,21 @@ def copy(runs: list[Path], to: Path) -> None:
             shutil.copy(run / f, to / run.name / f)
 
 
+def loss_name(args: dict) -> str:
+    """A run's loss as the figure's legend names it, from its args.json: "GRPO (λ=0)", "GRPO + LLDS (λ=0.2)", and
+    "GSPO" (`policy_loss` gspo) or "CalibAdv" (`calib_adv` > 0) in place of "GRPO" where the run turned one on."""
+    lam = float(args.get("llds", 0.0))
+    base = ("GSPO" if args.get("policy_loss") == "gspo" else
+            "CalibAdv" if float(args.get("calib_adv", 0.0)) > 0 else "GRPO")
+    return f"{base}{' + LLDS' * (lam > 0)} (λ={lam:g})"
+
+
 def figure(columns: list[str], out) -> Path:
     """Part 5's figure: one column per "TITLE=RUN[,RUN...]" (the toy's runs, the real model's), two rows: the reward
     and the fixed correct probe responses' likelihood change since step 0 (`probe/dlogp_correct`, nats/token). In
-    each panel the runs are grouped by their lambda (args.json `llds`): the mean over the group's runs as a line, their
-    range (min to max at each step) as a band; each panel keeps its own scale. Writes a PNG and returns its path.
+    each panel the runs are grouped by their loss (`loss_name`: the lambda, and GSPO or CalibAdv where args.json turns
+    one on): the mean over the group's runs as a line, their range (min to max at each step) as a band; each panel
+    keeps its own scale. Writes a PNG and returns its path.
     Raises ValueError on a column without '=' and FileNotFoundError on a folder that is not a run."""
     import matplotlib
     import matplotlib.ticker
@@ -187,20 +197,19 @@ def figure(columns: list[str], out) -> Path:
         groups = {}
         for run in runs:
             args, history = read(run)
-            groups.setdefault(float(args.get("llds", 0.0)), []).append(history)
+            groups.setdefault(loss_name(args), []).append(history)
         for ax, key, ylabel in zip(axes[:, j], ("rollout/reward", "probe/dlogp_correct"),
                                    ("reward (EM of the step's samples)", "correct probe: Δ log π, nats/token")):
-            for i, (lam, histories) in enumerate(sorted(groups.items())):
+            for i, (name, histories) in enumerate(groups.items()):
                 by_step = {}
                 for history in histories:
                     for x, y in zip(*plot_run.series(history, key)):
                         by_step.setdefault(x, []).append(y)
                 xs = sorted(by_step)
-                name = "GRPO" if lam == 0 else "GRPO + LLDS"
                 ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs],
                                 color=palette[i % len(palette)], alpha=0.2, lw=0)
                 ax.plot(xs, [sum(by_step[x]) / len(by_step[x]) for x in xs], color=palette[i % len(palette)], lw=2,
-                        label=f"{name} (λ={lam:g}): mean of {len(histories)} run{'s' * (len(histories) > 1)}, "
+                        label=f"{name}: mean of {len(histories)} run{'s' * (len(histories) > 1)}, "
                               "band min-max")
             ax.set_ylabel(ylabel, fontsize=9)
             ax.grid(alpha=0.3)
@@ -227,7 +236,7 @@ def main(argv=None):
     c = sub.add_parser("copy", help="metrics.jsonl and args.json of each run, into --to/<run>/")
     c.add_argument("runs", nargs="+", type=Path)
     c.add_argument("--to", type=Path, required=True)
-    f = sub.add_parser("figure", help="toy and real model side by side: reward and correct probe, band per lambda")
+    f = sub.add_parser("figure", help="toy and real model side by side: reward and correct probe, band per loss")
     f.add_argument("out", type=Path)
     f.add_argument("columns", nargs="+", help="TITLE=RUN[,RUN...], one per column")
     a = ap.parse_args(argv)

@@ -128,3 +128,26 @@ def test_figure_puts_the_toy_beside_the_real_model_a_band_per_lambda(tmp_path, c
         R.main(["figure", str(out), str(runs[0.0, 0])])
     with pytest.raises(SystemExit, match="args.json: not found"):
         R.main(["figure", str(out), f"x={tmp_path}"])
+
+
+def test_figure_names_each_cure_its_own_line(tmp_path):
+    """Runs with GSPO or CalibAdv on are drawn apart from plain GRPO's, named from args.json; the first run seen of a
+    loss sets its colour, so the order on the command line is the legend's."""
+    assert R.loss_name({"llds": 0.0}) == "GRPO (λ=0)" and R.loss_name({"llds": 0.2}) == "GRPO + LLDS (λ=0.2)"
+    assert R.loss_name({"llds": 0.0, "policy_loss": "gspo", "calib_adv": 0.0}) == "GSPO (λ=0)"
+    assert R.loss_name({"llds": 0.0, "policy_loss": "ppo-clip", "calib_adv": 1.0}) == "CalibAdv (λ=0)"
+    assert R.loss_name({"llds": 0.2, "policy_loss": "gspo"}) == "GSPO + LLDS (λ=0.2)"
+    runs = [write_run(tmp_path / name, [0.3] * 6, [0.5] * 6) for name in ("plain", "gspo", "calibadv")]
+    for run, extra in zip(runs[1:], ({"policy_loss": "gspo"}, {"calib_adv": 1.0})):
+        args = json.loads((run / "args.json").read_text())
+        (run / "args.json").write_text(json.dumps({**args, **extra}))
+    import matplotlib.pyplot as plt
+
+    seen = []
+    real_plot = plt.Axes.plot
+    plt.Axes.plot = lambda self, *a, **k: seen.append(k.get("label")) or real_plot(self, *a, **k)
+    try:
+        R.figure(["real=" + ",".join(map(str, runs))], tmp_path / "cures.png")
+    finally:
+        plt.Axes.plot = real_plot
+    assert seen == [f"{n} (λ=0): mean of 1 run, band min-max" for n in ("GRPO", "GSPO", "CalibAdv")] * 2
