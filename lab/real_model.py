@@ -209,8 +209,8 @@ def figure(columns: list[str], out) -> Path:
                 ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs],
                                 color=palette[i % len(palette)], alpha=0.2, lw=0)
                 ax.plot(xs, [sum(by_step[x]) / len(by_step[x]) for x in xs], color=palette[i % len(palette)], lw=2,
-                        label=f"{name}: mean of {len(histories)} run{'s' * (len(histories) > 1)}, "
-                              "band min-max")
+                        label=f"{name}: mean of {len(histories)} runs, band min-max" if len(histories) > 1 else
+                        f"{name}: 1 run")
             ax.set_ylabel(ylabel, fontsize=9)
             ax.grid(alpha=0.3)
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps

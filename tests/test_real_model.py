@@ -150,4 +150,4 @@ def test_figure_names_each_cure_its_own_line(tmp_path):
         R.figure(["real=" + ",".join(map(str, runs))], tmp_path / "cures.png")
     finally:
         plt.Axes.plot = real_plot
-    assert seen == [f"{n} (λ=0): mean of 1 run, band min-max" for n in ("GRPO", "GSPO", "CalibAdv")] * 2
+    assert seen == [f"{n} (λ=0): 1 run" for n in ("GRPO", "GSPO", "CalibAdv")] * 2
