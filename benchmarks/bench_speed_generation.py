@@ -14,10 +14,12 @@ The machine's load (os.getloadavg) is printed before and after. Workloads:
   world:   lab/world0_policy (0.65M parameters, it searches and answers: rows stop at different turns
            and steps) on the search world (lab/search_world.py), 8 questions x 4, 64 new tokens a turn, 3 search
            turns + the answer turn; with 32 slots (every row in one batch) and 8 slots (4x more rows than slots);
-  smollm2: SmolLM2-135M-Instruct (Llama, offline: ../shared/tools/offline_model.py smollm2) on the shipped
-           tests/fixtures/qa_sample (HotpotQA questions, its 600 passages), 2 questions x 4, 8 slots; greedy ids of
-           every engine are also compared with hf's there (4 rows). Without the model folder the tests' tiny random
-           model stands in (said in the table): its rows never stop early, so it shows little.
+  smollm2: SmolLM2-135M-Instruct (Llama; read from $OFFLINE_MODEL_DIR/smollm2, by default
+           ~/.cache/offline-models/smollm2: `huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct
+           --local-dir ~/.cache/offline-models/smollm2` puts it there) on the shipped tests/fixtures/qa_sample
+           (HotpotQA questions, its 600 passages), 2 questions x 4, 8 slots; greedy ids of every engine are also
+           compared with hf's there (4 rows). Without the model folder the tests' tiny random model stands in
+           (said in the table): its rows never stop early, so it shows little.
 Nothing is asserted: run(quick) returns the rows, `python benchmarks/bench_speed_generation.py [--quick]` prints them.
 
     nice -n 5 python benchmarks/bench_speed_generation.py            # ~15 minutes on 2 busy cores at 1 thread
