@@ -101,6 +101,19 @@ def test_em_table_pairs_by_question_and_bad_input_is_one_line(tmp_path):
         R.main(["rows", str(tmp_path)])
 
 
+def plotted_labels(draw) -> list:
+    """The label of every line `draw()` plots (matplotlib's Axes.plot watched while it runs)."""
+    import matplotlib.pyplot as plt
+
+    seen, real_plot = [], plt.Axes.plot
+    plt.Axes.plot = lambda self, *a, **k: seen.append(k.get("label")) or real_plot(self, *a, **k)
+    try:
+        draw()
+    finally:
+        plt.Axes.plot = real_plot
+    return seen
+
+
 def test_figure_puts_the_toy_beside_the_real_model_a_band_per_lambda(tmp_path, capsys):
     """figure OUT TITLE=RUN,... : a 5.5 x 7-inch column per title at 100 dpi (two: 1100 x 700 px); runs of one lambda
     drawn as one mean line and band; a column without '=' or a folder that is not a run is one line."""
@@ -113,15 +126,7 @@ def test_figure_puts_the_toy_beside_the_real_model_a_band_per_lambda(tmp_path, c
     R.main(["figure", str(out), f"toy={toy}", f"real={runs[0.0, 0]},{runs[0.2, 0]}"])
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     assert Image.open(out).size == (1100, 700)
-    import matplotlib.pyplot as plt
-
-    seen = []
-    real_plot = plt.Axes.plot
-    plt.Axes.plot = lambda self, *a, **k: seen.append(k.get("label")) or real_plot(self, *a, **k)
-    try:
-        R.figure([f"toy={toy}"], tmp_path / "one.png")
-    finally:
-        plt.Axes.plot = real_plot
+    seen = plotted_labels(lambda: R.figure([f"toy={toy}"], tmp_path / "one.png"))
     labels = ["GRPO (λ=0): mean of 3 runs, band min-max", "GRPO + LLDS (λ=0.2): mean of 3 runs, band min-max"]
     assert seen == labels * 2  # a line per lambda in each of the two panels
     with pytest.raises(SystemExit, match="is not TITLE=RUN"):
@@ -141,13 +146,5 @@ def test_figure_names_each_cure_its_own_line(tmp_path):
     for run, extra in zip(runs[1:], ({"policy_loss": "gspo"}, {"calib_adv": 1.0})):
         args = json.loads((run / "args.json").read_text())
         (run / "args.json").write_text(json.dumps({**args, **extra}))
-    import matplotlib.pyplot as plt
-
-    seen = []
-    real_plot = plt.Axes.plot
-    plt.Axes.plot = lambda self, *a, **k: seen.append(k.get("label")) or real_plot(self, *a, **k)
-    try:
-        R.figure(["real=" + ",".join(map(str, runs))], tmp_path / "cures.png")
-    finally:
-        plt.Axes.plot = real_plot
+    seen = plotted_labels(lambda: R.figure(["real=" + ",".join(map(str, runs))], tmp_path / "cures.png"))
     assert seen == [f"{n} (λ=0): 1 run" for n in ("GRPO", "GSPO", "CalibAdv")] * 2
